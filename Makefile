@@ -1,0 +1,26 @@
+# The two commands of the README. Both bootstrap first (idempotent, see scripts/bootstrap.sh).
+.PHONY: demo test bootstrap unit services bench clean
+
+PY := .venv/bin/python
+
+bootstrap:
+	./scripts/bootstrap.sh
+
+demo: bootstrap
+	$(PY) -m delvefs.demo
+
+test: bootstrap
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+# Faster loops for developers.
+unit: bootstrap
+	$(PY) -m pytest -ra tests/unit tests/core
+
+services: bootstrap
+	$(PY) -m delvefs.localservices
+
+bench: bootstrap
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf build *.egg-info rulesets/_native*.so

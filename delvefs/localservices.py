@@ -1,0 +1,333 @@
+"""Real MinIO and RabbitMQ on free loopback ports in temp directories.
+
+Used by the test suite, the demo, the benchmarks and developers
+(``python -m delvefs.localservices`` starts both and prints their environment).
+Nothing here is a mock: the pinned MinIO built by scripts/bootstrap.sh and
+Debian's rabbitmq-server, wired so that MinIO publishes bucket notifications to
+RabbitMQ's ``delvefs`` fanout exchange (target id ``PRIMARY``).
+
+Every service is a context manager that waits until it is healthy and on exit
+stops its whole process group, also when the block raised.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import DEFAULT_EXCHANGE
+
+MINIO_BIN_DIR = Path(os.environ.get("DELVEFS_BIN", Path.home() / ".cache/delvefs/bin"))
+RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+ACCESS_KEY = "delvefs-admin"
+SECRET_KEY = "delvefs-secret-key"
+NOTIFY_TARGET_ID = "PRIMARY"
+
+
+class ServiceError(RuntimeError):
+    """A local service could not be started; the message says which and why."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(check, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceError(f"{what} exited with {proc.returncode} while starting; "
+                               f"log {log}:\n{_tail(log)}")
+        if check():
+            return
+        time.sleep(0.1)
+    raise ServiceError(f"{what} not ready after {timeout:.0f} s; log {log}:\n{_tail(log)}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop_group(proc: subprocess.Popen | None, timeout: float = 15) -> None:
+    """SIGTERM the process group, SIGKILL it if it lingers."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def _make_traversable(path: Path) -> None:
+    """Let another user (the broker's) reach a directory below private temp dirs."""
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode
+        # Erlang's filelib:ensure_dir lists ancestors, so search permission alone is not enough.
+        if mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
+            p.chmod(mode | stat.S_IROTH | stat.S_IXOTH)
+
+
+def amqp_handshake_ok(host: str, port: int) -> bool:
+    """True when an AMQP 0-9-1 broker answers the protocol header with Connection.Start."""
+    try:
+        with socket.create_connection((host, port), timeout=1) as s:
+            s.sendall(b"AMQP\x00\x00\x09\x01")
+            frame = s.recv(7)
+            return len(frame) == 7 and frame[0] == 1  # frame type METHOD
+    except OSError:
+        return False
+
+
+@dataclass
+class RabbitMQ:
+    """A private RabbitMQ node. Debian's broker runs as user ``rabbitmq`` when we are root:
+    its mnesia/log directories must then belong to that user."""
+
+    base_dir: Path
+    port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / "startup.log"
+
+    def start(self, timeout: float = 60) -> "RabbitMQ":
+        if not os.path.exists(RABBITMQ_SERVER):
+            raise ServiceError(f"{RABBITMQ_SERVER} missing: run scripts/bootstrap.sh (Debian rabbitmq-server)")
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.base_dir / "rabbitmq.conf"
+        conf.write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "loopback_users.guest = true\n"
+            "disk_free_limit.absolute = 50MB\n"
+        )
+        plugins = self.base_dir / "enabled_plugins"
+        plugins.write_text("[].\n")
+        for sub in ("mnesia", "log"):
+            (self.base_dir / sub).mkdir(exist_ok=True)
+        user = group = extra_groups = None
+        home = str(self.base_dir)
+        if os.geteuid() == 0:
+            user = group = "rabbitmq"
+            extra_groups = []  # drop root's groups: the group bits of root-owned temp dirs must not apply
+            home = pwd.getpwnam(user).pw_dir  # holds the Erlang cookie
+            for path in [self.base_dir, *self.base_dir.iterdir()]:
+                shutil.chown(path, user, user)
+            _make_traversable(self.base_dir.parent)
+        node = f"delvefs{self.port}@localhost"
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "RABBITMQ_NODENAME": node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_CONFIG_FILE": str(conf),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(plugins),
+            "RABBITMQ_MNESIA_BASE": str(self.base_dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.base_dir / "log"),
+            "RABBITMQ_PID_FILE": str(self.base_dir / "rabbit.pid"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base_dir / "advanced.config"),
+        }
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [RABBITMQ_SERVER], env=env, user=user, group=group, extra_groups=extra_groups,
+                cwd=self.base_dir,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _wait_for(lambda: amqp_handshake_ok("127.0.0.1", self.port), timeout,
+                  f"RabbitMQ on 127.0.0.1:{self.port}", self.proc, self.log_path)
+        return self
+
+    def stop(self) -> None:
+        _stop_group(self.proc)
+
+    def restart(self, timeout: float = 60) -> None:
+        """Stop and start the same node on the same port (queues and data survive)."""
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> "RabbitMQ":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class MinIO:
+    """A private MinIO server whose AMQP notification target points at ``amqp_url``.
+
+    ``queue_dir``: when set, MinIO persists events on disk while the broker is
+    unreachable (no loss) at the price of delivery latency (docs/ARCHITECTURE.md).
+    """
+
+    data_dir: Path
+    amqp_url: str
+    exchange: str = DEFAULT_EXCHANGE
+    queue_dir: Path | None = None
+    port: int = field(default_factory=free_port)
+    console_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def notify_arn(self) -> str:
+        return f"arn:minio:sqs::{NOTIFY_TARGET_ID}:amqp"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir.parent / f"minio-{self.port}.log"
+
+    def env(self) -> dict[str, str]:
+        """The standard client environment for this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": "us-east-1",
+            "DELVEFS_NOTIFY_ARN": self.notify_arn,
+        }
+
+    def start(self, timeout: float = 60) -> "MinIO":
+        binary = MINIO_BIN_DIR / "minio"
+        if not binary.exists():
+            raise ServiceError(f"{binary} missing: run scripts/bootstrap.sh (builds the pinned MinIO)")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        t = NOTIFY_TARGET_ID
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.data_dir.parent),
+            "MINIO_ROOT_USER": ACCESS_KEY,
+            "MINIO_ROOT_PASSWORD": SECRET_KEY,
+            "MINIO_BROWSER": "off",
+            "MINIO_UPDATE": "off",
+            f"MINIO_NOTIFY_AMQP_ENABLE_{t}": "on",
+            f"MINIO_NOTIFY_AMQP_URL_{t}": self.amqp_url,
+            f"MINIO_NOTIFY_AMQP_EXCHANGE_{t}": self.exchange,
+            f"MINIO_NOTIFY_AMQP_EXCHANGE_TYPE_{t}": "fanout",
+            f"MINIO_NOTIFY_AMQP_ROUTING_KEY_{t}": "",
+            f"MINIO_NOTIFY_AMQP_DURABLE_{t}": "on",
+            f"MINIO_NOTIFY_AMQP_DELIVERY_MODE_{t}": "2",
+        }
+        if self.queue_dir is not None:
+            self.queue_dir.mkdir(parents=True, exist_ok=True)
+            env[f"MINIO_NOTIFY_AMQP_QUEUE_DIR_{t}"] = str(self.queue_dir)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(binary), "server", str(self.data_dir), "--quiet",
+                 "--address", f"127.0.0.1:{self.port}",
+                 "--console-address", f"127.0.0.1:{self.console_port}"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _wait_for(self._healthy, timeout, f"MinIO on {self.endpoint}", self.proc, self.log_path)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        _stop_group(self.proc)
+
+    def restart(self, timeout: float = 60) -> None:
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> "MinIO":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class LocalServices:
+    """RabbitMQ, then MinIO publishing to it: the object store and broker of one test run."""
+
+    base_dir: Path
+    queue_dir: bool = False
+    rabbit: RabbitMQ | None = None
+    minio: MinIO | None = None
+
+    def env(self) -> dict[str, str]:
+        return {**self.minio.env(), "DELVEFS_AMQP_URL": self.rabbit.url,
+                "DELVEFS_AMQP_EXCHANGE": self.minio.exchange}
+
+    def __enter__(self) -> "LocalServices":
+        self.rabbit = RabbitMQ(self.base_dir / "rabbitmq")
+        self.rabbit.start()
+        try:
+            self.minio = MinIO(self.base_dir / "minio" / "data", self.rabbit.url,
+                               queue_dir=self.base_dir / "minio" / "events" if self.queue_dir else None)
+            self.minio.start()
+        except BaseException:
+            self.rabbit.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.minio:
+            self.minio.stop()
+        if self.rabbit:
+            self.rabbit.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m delvefs.localservices",
+        description="Start MinIO and RabbitMQ on loopback, print their environment, run until Ctrl-C.")
+    parser.add_argument("--dir", help="state directory (default: a new temp dir, removed at exit)")
+    parser.add_argument("--queue-dir", action="store_true", help="let MinIO persist events while the broker is down")
+    args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        base = Path(args.dir) if args.dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="delvefs-")))
+        services = stack.enter_context(LocalServices(base, queue_dir=args.queue_dir))
+        for key, value in services.env().items():
+            print(f"export {key}={value}")
+        print("# running; Ctrl-C stops both", file=sys.stderr, flush=True)
+        try:
+            signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The DelveFS event handler: MinIO notifications -> LevelDB -> views, served over HTTP."""
