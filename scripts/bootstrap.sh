@@ -13,7 +13,7 @@ cd "$root"
 
 MINIO_VERSION=${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}
 DELVEFS_BIN=${DELVEFS_BIN:-$HOME/.cache/delvefs/bin}
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config rabbitmq-server s3fs rclone bowtie2 samtools)
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config rabbitmq-server s3fs rclone bowtie2 samtools docker-compose)
 
 log() { printf '[bootstrap %s] %s\n' "$(date +%T)" "$*"; }
 started=$(date +%s)

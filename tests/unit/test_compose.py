@@ -1,0 +1,103 @@
+"""compose/ runs the demo with containers. There is no Docker engine here, so the file
+is parsed and schema-checked by a compose implementation that needs none (Debian's
+docker-compose: `config`), and everything the demo needs is checked to be present."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from delvefs.demo.__main__ import build_parser
+from tests.conftest import service_unavailable
+
+COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
+COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
+DOCKERFILE = COMPOSE_DIR / "Dockerfile"
+CLIENT_ENV = {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION",
+              "DELVEFS_HANDLER_URL", "DELVEFS_HANDLER_TOKEN", "DELVEFS_NOTIFY_ARN"}
+
+
+@pytest.fixture(scope="module")
+def compose():
+    """The file as an engine would see it: anchors, merges and defaults resolved by `config`."""
+    tool = shutil.which("docker-compose")
+    if not tool:
+        service_unavailable("docker-compose (Debian package, installed by scripts/bootstrap.sh) is missing")
+    out = subprocess.run([tool, "-f", str(COMPOSE_FILE), "config"], capture_output=True, text=True,
+                         cwd=COMPOSE_DIR)
+    assert out.returncode == 0, out.stderr
+    return YAML(typ="safe").load(out.stdout)
+
+
+def env_of(service) -> dict:
+    env = service.get("environment", {})
+    return env if isinstance(env, dict) else dict(item.split("=", 1) for item in env)
+
+
+def test_every_service_has_an_image_or_a_build_target_that_exists(compose):
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)", DOCKERFILE.read_text(), re.M))
+    for name, service in compose["services"].items():
+        assert "image" in service or "build" in service, name
+        if "build" in service:
+            assert service["build"]["target"] in stages, name
+            assert (Path(service["build"]["context"]) / service["build"]["dockerfile"]).resolve() == DOCKERFILE
+
+
+def test_dockerfile_copies_only_what_exists():
+    root = COMPOSE_DIR.parent
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            for source in line.split()[1:-1]:
+                assert (root / source).exists(), source
+
+
+def test_minio_publishes_to_the_exchange_the_handler_consumes(compose):
+    minio, handler = env_of(compose["services"]["minio"]), env_of(compose["services"]["handler"])
+    target = "PRIMARY"
+    for suffix in ("ENABLE", "URL", "EXCHANGE", "EXCHANGE_TYPE", "DURABLE", "DELIVERY_MODE"):
+        assert f"MINIO_NOTIFY_AMQP_{suffix}_{target}" in minio
+    assert minio[f"MINIO_NOTIFY_AMQP_EXCHANGE_{target}"] == handler["DELVEFS_AMQP_EXCHANGE"]
+    assert minio[f"MINIO_NOTIFY_AMQP_EXCHANGE_TYPE_{target}"] == "fanout"
+    assert handler["DELVEFS_NOTIFY_ARN"] == f"arn:minio:sqs::{target}:amqp"
+    assert "rabbitmq:5672" in minio[f"MINIO_NOTIFY_AMQP_URL_{target}"]
+    assert minio["MINIO_ROOT_USER"] == handler["AWS_ACCESS_KEY_ID"]
+
+
+def test_demo_roles_have_their_environment_and_commands(compose):
+    roles = set(build_parser()._subparsers._group_actions[0].choices)
+    services = compose["services"]
+    subscribers = [n for n in services if n.startswith("subscriber-")]
+    assert len(subscribers) >= 2
+    for name in ["init", "publisher", *subscribers]:
+        command = services[name]["command"]
+        assert command[:3] == ["python", "-m", "delvefs.demo"] and command[3] in roles, name
+        assert CLIENT_ENV <= set(env_of(services[name])), name
+    assert "--listen" in services["handler"]["command"]
+    port = services["handler"]["command"][services["handler"]["command"].index("--listen") + 1].rsplit(":", 1)[1]
+    assert env_of(services["publisher"])["DELVEFS_HANDLER_URL"] == f"http://handler:{port}"
+
+
+def test_subscribers_can_mount_fuse(compose):
+    for name, service in compose["services"].items():
+        if name.startswith("subscriber-"):
+            assert any(d.startswith("/dev/fuse") for d in service["devices"]), name
+            assert "SYS_ADMIN" in service["cap_add"], name
+            assert service["depends_on"]["handler"]["condition"] == "service_healthy"
+
+
+def test_volumes_and_health_checks(compose):
+    declared = set(compose.get("volumes", {}))
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            kind = volume.get("type") if isinstance(volume, dict) else None
+            if kind == "bind" or source.startswith(("/", ".")):
+                assert Path(source).exists(), f"{name}: {source}"
+            else:
+                assert source in declared, f"{name}: {source}"
+    for name in ("rabbitmq", "minio", "handler"):
+        assert "healthcheck" in compose["services"][name], name
