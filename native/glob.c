@@ -1,9 +1,9 @@
 #include "glob.h"
 #include <stdint.h>
 
-/* Decode one UTF-8 code point at s[*i] (s has n bytes); advance *i.
+/* Decode a multi-byte UTF-8 code point at s[*i] (s has n bytes); advance *i.
  * Invalid bytes decode as themselves so that matching stays total. */
-static uint32_t next_cp(const char *s, size_t n, size_t *i)
+static uint32_t next_cp_multibyte(const char *s, size_t n, size_t *i)
 {
     const unsigned char *u = (const unsigned char *)s;
     uint32_t c = u[*i];
@@ -24,6 +24,17 @@ static uint32_t next_cp(const char *s, size_t n, size_t *i)
     }
     *i += len;
     return c;
+}
+
+/* Decode one code point at s[*i]; keys are mostly ASCII, which this inlines. */
+static inline uint32_t next_cp(const char *s, size_t n, size_t *i)
+{
+    unsigned char c = (unsigned char)s[*i];
+    if (c < 0x80) {
+        (*i)++;
+        return c;
+    }
+    return next_cp_multibyte(s, n, i);
 }
 
 /* Match one class starting at pat[*pi] == '['. Returns 1 match, 0 no match,

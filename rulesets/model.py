@@ -40,11 +40,21 @@ class TimeRule:
 
     @classmethod
     def from_spec(cls, spec: dict) -> "TimeRule":
+        unknown = sorted(set(spec) - {"kind", "lo", "hi", "lo_open", "hi_open"})
+        if unknown:
+            raise ValueError(f"unknown time rule keys {unknown}; allowed: kind, lo, hi, lo_open, hi_open")
         if spec.get("kind") not in ("age", "time"):
             raise ValueError(f"time rule kind must be 'age' or 'time', not {spec.get('kind')!r}")
-        bound = lambda v: None if v is None else float(v)  # noqa: E731
-        return cls(spec["kind"], bound(spec.get("lo")), bound(spec.get("hi")),
-                   bool(spec.get("lo_open", False)), bool(spec.get("hi_open", False)))
+        bounds = [spec.get("lo"), spec.get("hi")]
+        for i, value in enumerate(bounds):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                    raise ValueError("time rule bounds must be numbers or null")
+                bounds[i] = float(value)
+        flags = [spec.get("lo_open", False), spec.get("hi_open", False)]
+        if not all(isinstance(flag, bool) for flag in flags):
+            raise ValueError("lo_open and hi_open must be true or false")
+        return cls(spec["kind"], bounds[0], bounds[1], flags[0], flags[1])
 
 
 @dataclass(frozen=True)
@@ -85,28 +95,63 @@ class View:
             "size": None if self.size is None else [self.size[0], self.size[1]],
             "modified": None if self.modified is None else self.modified.spec(),
             "accessed": None if self.accessed is None else self.accessed.spec(),
-            "properties": {key: list(values) for key, values in sorted(self.properties.items())},
+            "properties": {key: _canonical_values(values) for key, values in sorted(self.properties.items())},
         }
 
     @classmethod
     def from_filter_spec(cls, name: str, spec: dict) -> "View":
-        """Rebuild a view from filter_spec(); options get their defaults."""
+        """Rebuild a view from filter_spec(); options get their defaults. Specs come from
+        clients, so anything malformed raises ValueError saying what is wrong."""
+        if not isinstance(spec, dict):
+            raise ValueError("a filter spec must be a mapping")
+        unknown = sorted(set(spec) - set(FILTER_KEYS))
+        if unknown:
+            raise ValueError(f"unknown filter keys {unknown}; allowed: {', '.join(FILTER_KEYS)}")
+        bucket, obj = spec.get("bucket"), spec.get("object")
+        if not isinstance(bucket, str) or not bucket:
+            raise ValueError("`bucket` must be a non-empty string")
+        if obj is not None and not isinstance(obj, str):
+            raise ValueError("`object` must be a string or null")
         size = spec.get("size")
-        modified, accessed = spec.get("modified"), spec.get("accessed")
-        properties = {str(key).lower(): tuple(values)
-                      for key, values in (spec.get("properties") or {}).items()}
-        obj = spec.get("object")
+        if size is not None:
+            if (not isinstance(size, (list, tuple)) or len(size) != 2
+                    or not all(isinstance(b, int) and not isinstance(b, bool) for b in (size[0],))
+                    or not (size[1] is None or (isinstance(size[1], int) and not isinstance(size[1], bool)))
+                    or size[0] < 0 or (size[1] is not None and size[1] < size[0])
+                    or max(size[0], size[1] or 0) > 2**63 - 1):
+                raise ValueError("`size` must be [lo, hi] with 0 <= lo <= hi < 2^63 (hi null: unbounded)")
+            size = (size[0], size[1])
+        properties_spec = spec.get("properties") or {}
+        if not isinstance(properties_spec, dict):
+            raise ValueError("`properties` must map names to lists of values")
+        properties = {}
+        for key, values in properties_spec.items():
+            if (not isinstance(key, str) or not isinstance(values, (list, tuple)) or not values
+                    or not all(v is None or isinstance(v, str) for v in values)):
+                raise ValueError(f"property {key!r} must map to a non-empty list of strings or nulls")
+            properties[key.lower()] = tuple(values)
         return cls(
             name=name,
-            bucket=spec["bucket"],
+            bucket=bucket,
             object=obj,
-            size=None if size is None else (int(size[0]), None if size[1] is None else int(size[1])),
-            modified=None if modified is None else TimeRule.from_spec(modified),
-            accessed=None if accessed is None else TimeRule.from_spec(accessed),
+            size=size,
+            modified=_time_rule_of(spec.get("modified"), "modified"),
+            accessed=_time_rule_of(spec.get("accessed"), "accessed"),
             properties=properties,
             root=default_root(obj),
             set=default_set(properties),
         )
+
+
+def _time_rule_of(spec, what: str) -> TimeRule | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ValueError(f"`{what}` must be a time rule mapping or null")
+    try:
+        return TimeRule.from_spec(spec)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"`{what}`: {exc}") from None
 
 
 @dataclass(slots=True)
@@ -121,6 +166,11 @@ class ObjectInfo:
     atime: float | None = None
     tags: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+
+
+def _canonical_values(values: tuple[str | None, ...]) -> list[str | None]:
+    """Accepted values are a set: order and repetition do not change a filter."""
+    return sorted(set(values), key=lambda v: (v is not None, v or ""))
 
 
 def view_id(spec: dict) -> str:

@@ -1,0 +1,157 @@
+"""Parsers of the small expression languages in rules: sizes, times and durations.
+
+Each parser raises ValueError with a message that says what is wrong and what is allowed.
+"""
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta, timezone
+from fractions import Fraction
+
+from .model import TimeRule
+
+MAX_SIZE = 2**63 - 1
+
+SIZE_UNITS = {
+    "b": 1,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+SIZE_ALLOWED = ('allowed: "< N", "<= N", "> N", ">= N", "N .. M" (inclusive) or "N" (exactly), '
+                "where N is bytes or a number with a unit B, KiB, MiB, GiB, TiB, KB, MB, GB, TB")
+
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+TIME_ALLOWED = ('allowed: an age "< 7d", "<= 12h", "> 30m", ">= 2w", "1d .. 7d" (units s m h d w), '
+                'or ISO-8601 dates/times "2026-01-01 .. 2026-02-01T12:00", ">= 2026-01-01", '
+                '"< 2026-03-01T08:00:00+01:00"')
+
+DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+DURATION_ALLOWED = 'allowed: a number with a unit ms, s, m or h, like "500ms", "2s", "1m", or plain seconds'
+
+_OPERATORS = ("<=", ">=", "<", ">")
+_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
+
+
+def _split(text: str) -> tuple[str | None, str, str | None]:
+    """Split "OP X", "X .. Y" or "X" into (operator, x, y)."""
+    text = text.strip()
+    for op in _OPERATORS:
+        if text.startswith(op):
+            return op, text[len(op):].strip(), None
+    if ".." in text:
+        lo, _, hi = text.partition("..")
+        return "..", lo.strip(), hi.strip()
+    return None, text, None
+
+
+def _number_with_unit(text: str, units: dict, default_unit: str | None, allowed: str) -> Fraction:
+    match = _NUMBER_UNIT.match(text)
+    if not match:
+        raise ValueError(f"cannot read {text!r} as a number with a unit; {allowed}")
+    number, unit = match.groups()
+    if not unit:
+        if default_unit is None:
+            raise ValueError(f"{text!r} needs a unit; {allowed}")
+        unit = default_unit
+    factor = units.get(unit.lower())
+    if factor is None:
+        raise ValueError(f"unknown unit {unit!r} in {text!r}; {allowed}")
+    return Fraction(number) * Fraction(factor)
+
+
+def parse_size(value: str | int) -> tuple[int, int | None]:
+    """A size rule as inclusive byte bounds (lo, hi); hi None is unbounded."""
+    if isinstance(value, int):
+        value = str(value)
+    op, a, b = _split(value)
+    if not a or (op == ".." and not b):
+        raise ValueError(f"incomplete size expression {value!r}; {SIZE_ALLOWED}")
+    x = _number_with_unit(a, SIZE_UNITS, "b", SIZE_ALLOWED)
+    if op == "<":
+        lo, hi = 0, math.ceil(x) - 1
+    elif op == "<=":
+        lo, hi = 0, math.floor(x)
+    elif op == ">":
+        lo, hi = math.floor(x) + 1, None
+    elif op == ">=":
+        lo, hi = math.ceil(x), None
+    elif op == "..":
+        lo, hi = math.ceil(x), math.floor(_number_with_unit(b, SIZE_UNITS, "b", SIZE_ALLOWED))
+    else:
+        if x.denominator != 1:
+            raise ValueError(f"{value!r} is not a whole number of bytes; {SIZE_ALLOWED}")
+        lo = hi = int(x)
+    if lo > MAX_SIZE or (hi is not None and hi > MAX_SIZE):
+        raise ValueError(f"size {value!r} is larger than the largest object size; allowed: at most 2^63-1 bytes")
+    if hi is not None and lo > hi:
+        raise ValueError(f"size {value!r} matches no object (empty range); {SIZE_ALLOWED}")
+    return lo, hi
+
+
+def _age(text: str) -> float:
+    return float(_number_with_unit(text, AGE_UNITS, None, TIME_ALLOWED))
+
+
+def _instant(text: str) -> tuple[float, float]:
+    """An ISO-8601 date or date-time as the interval [start, end) it denotes: a date is
+    the whole day, a date-time one instant. Without a UTC offset, UTC is meant."""
+    try:
+        stamp = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as an ISO-8601 date or date-time; {TIME_ALLOWED}") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    start = stamp.timestamp()
+    is_date_only = re.fullmatch(r"\d{4}-?\d{2}-?\d{2}", text) is not None
+    end = (stamp + timedelta(days=1)).timestamp() if is_date_only else start
+    return start, end
+
+
+def parse_time(text: str) -> TimeRule:
+    """A `modified`/`accessed` rule: relative age or ISO-8601 range."""
+    op, a, b = _split(str(text))
+    if op is None:
+        raise ValueError(f"{text!r} needs a comparison or a range; {TIME_ALLOWED}")
+    if not a or (op == ".." and not b):
+        raise ValueError(f"incomplete time expression {text!r}; {TIME_ALLOWED}")
+    is_age = _NUMBER_UNIT.match(a) is not None
+    if is_age:
+        x = _age(a)
+        rule = {
+            "<": TimeRule("age", hi=x, hi_open=True),
+            "<=": TimeRule("age", hi=x),
+            ">": TimeRule("age", lo=x, lo_open=True),
+            ">=": TimeRule("age", lo=x),
+        }.get(op)
+        if op == "..":
+            if _NUMBER_UNIT.match(b) is None:
+                raise ValueError(f"both ends of {text!r} must be ages (like 1d) or both dates; {TIME_ALLOWED}")
+            rule = TimeRule("age", lo=x, hi=_age(b))
+    else:
+        start, end = _instant(a)
+        # A date stands for its whole day: "<= 2026-01-31" includes that day's last second.
+        rule = {
+            "<": TimeRule("time", hi=start, hi_open=True),
+            "<=": TimeRule("time", hi=end, hi_open=end != start),
+            ">": TimeRule("time", lo=end, lo_open=end == start),
+            ">=": TimeRule("time", lo=start),
+        }.get(op)
+        if op == "..":
+            if _NUMBER_UNIT.match(b) is not None:
+                raise ValueError(f"both ends of {text!r} must be ages (like 1d) or both dates; {TIME_ALLOWED}")
+            end_start, end_end = _instant(b)
+            rule = TimeRule("time", lo=start, hi=end_end, hi_open=end_end != end_start)
+    if rule.lo is not None and rule.hi is not None and (
+            rule.lo > rule.hi or (rule.lo == rule.hi and (rule.lo_open or rule.hi_open))):
+        raise ValueError(f"{text!r} matches nothing (empty range); {TIME_ALLOWED}")
+    return rule
+
+
+def parse_duration(value: str | int | float) -> float:
+    """A `ttl`: seconds as a float."""
+    if isinstance(value, (int, float)):
+        seconds = Fraction(value)
+    else:
+        seconds = _number_with_unit(str(value), DURATION_UNITS, "s", DURATION_ALLOWED)
+    return float(seconds)
