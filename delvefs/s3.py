@@ -59,3 +59,88 @@ def wire_notifications(client, bucket: str, arn: str) -> None:
             ]
         },
     )
+
+
+# --- read path of the FUSE client (delvefs.store calls these from worker threads) ---
+
+def presigned_list_url(client, bucket: str, expires: int = 300) -> str:
+    """A presigned ListObjectsV2 URL (max-keys=0) of ``bucket``: the proof, sent to the
+    handler, that these credentials may list the bucket (docs/API.md, POST /v1/views)."""
+    return client.generate_presigned_url(
+        "list_objects_v2", Params={"Bucket": bucket, "MaxKeys": 0}, ExpiresIn=expires)
+
+
+def head_object(client, bucket: str, key: str) -> dict:
+    """``{"etag", "size", "mtime", "metadata"}`` of one object (ETag without quotes);
+    raises ClientError (code '404'/'NoSuchKey' when it is missing)."""
+    r = client.head_object(Bucket=bucket, Key=key)
+    return {"etag": r.get("ETag", "").strip('"'), "size": int(r.get("ContentLength", 0)),
+            "mtime": r["LastModified"].timestamp() if r.get("LastModified") else 0.0,
+            "metadata": dict(r.get("Metadata") or {})}
+
+
+def make_transfer_manager(client, *, part_size: int = 8 * 1024 * 1024, concurrency: int = 10):
+    """An s3transfer TransferManager doing parallel ranged GETs of ``part_size`` above
+    ``part_size`` (one per object reader; close it with ``shutdown()``)."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
+                            max_concurrency=concurrency, use_threads=True)
+    return create_transfer_manager(client, config)
+
+
+def download_object(manager, bucket: str, key: str, filename: str, *, etag: str, size: int) -> None:
+    """Download exactly the object version whose ETag is ``etag`` (``size`` bytes) to
+    ``filename``: every GET, ranged or not, carries ``IfMatch``, so a concurrent overwrite
+    fails the download (ClientError 'PreconditionFailed', HTTP 412) instead of mixing
+    versions. s3transfer writes a temporary file and renames it onto ``filename``."""
+    from s3transfer.subscribers import BaseSubscriber
+
+    class _Known(BaseSubscriber):
+        def on_queued(self, future, **kwargs):
+            future.meta.provide_transfer_size(size)
+            future.meta.provide_object_etag(f'"{etag}"')
+
+    manager.download(bucket, key, filename, subscribers=[_Known()]).result()
+
+
+# ---- used by the event handler (eventhandler/) ------------------------------------------
+
+def list_pages(client, bucket: str, page_size: int = 1000):
+    """ListObjectsV2 of a whole bucket, page by page: yields (contents, http_date) where
+    contents is the page's list of {"Key", "Size", "ETag", "LastModified"} dicts (keys in
+    UTF-8 byte order) and http_date the response's Date header (the store's clock)."""
+    kwargs = {"Bucket": bucket, "MaxKeys": page_size}
+    while True:
+        resp = client.list_objects_v2(**kwargs)
+        yield resp.get("Contents", []), resp["ResponseMetadata"]["HTTPHeaders"].get("date")
+        if not resp.get("IsTruncated"):
+            return
+        kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+
+
+def get_object_tags(client, bucket: str, key: str) -> dict[str, str] | None:
+    """The object's tags, or None when the object does not exist (any more)."""
+    try:
+        resp = client.get_object_tagging(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if error_code(exc) in ("NoSuchKey", "NoSuchVersion", "404"):
+            return None
+        raise
+    return {t["Key"]: t["Value"] for t in resp.get("TagSet", [])}
+
+
+def head_object_metadata(client, bucket: str, key: str) -> dict[str, str] | None:
+    """The object's user metadata (keys without x-amz-meta-, lowercased), or None if absent."""
+    try:
+        resp = client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise
+    return {k.lower(): v for k, v in resp.get("Metadata", {}).items()}
+
+
+def store_date(client, bucket: str) -> str | None:
+    """The store's clock (HTTP Date header, whole seconds) from a cheap bucket request."""
+    resp = client.list_objects_v2(Bucket=bucket, MaxKeys=0)
+    return resp["ResponseMetadata"]["HTTPHeaders"].get("date")

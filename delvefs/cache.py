@@ -1,0 +1,315 @@
+"""The local data cache of a mount: one file per object under ``<cache-dir>/data``.
+
+* ``fetch`` makes an object's bytes available locally: the first time by downloading it
+  (s3transfer, parallel ranged GETs, every GET pinned to one ETag with IfMatch), later
+  from the cache; an entry older than ``ttl`` is revalidated with a HEAD and downloaded
+  again only when the ETag changed.
+* A download goes to a temporary file that is renamed onto the entry's path, so a reader
+  sees either the old or the new version, never a mix. Open handles keep their own file
+  descriptor: a replaced version stays readable through handles opened before.
+* Clean entries are evicted least-recently-used while the cached bytes exceed ``limit``;
+  an entry that is open (``opens > 0``), dirty (write side) or being fetched never is.
+* One fetch per object at a time: concurrent fetches wait for the running one.
+* Large objects (>= ``stream_threshold``) stream: once a nursery is attached, ``fetch``
+  returns as soon as the download has started, and ``read`` waits only until the bytes it
+  needs have arrived (s3transfer writes the parts into a :class:`Download`, which tracks
+  the complete prefix and wakes waiting readers). The object's ETag is checked with a
+  HEAD first and every ranged GET is pinned to it; if S3 changes the object mid-way, the
+  download fails (412) and readers of that version get EIO instead of mixed bytes.
+
+The cache lives for one mount session: ``DataCache`` empties its directory when it
+starts. Time is ``trio.current_time()`` (tests use trio's MockClock).
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import itertools
+import logging
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import trio
+
+from .fs.store import Changed, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class Download:
+    """A download in progress, readable while it runs. s3transfer's IO thread calls
+    ``seek``/``write`` (a seekable file object); trio tasks ``await wait_for(end)``."""
+
+    def __init__(self, path: str, size: int):
+        self.path = path
+        self.size = size
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.done = 0                      # bytes [0, done) are complete
+        self.error: BaseException | None = None
+        self.finished = False
+        self._ranges: dict[int, int] = {}  # completed ranges beyond the prefix: start -> end
+        self._pos = 0
+        self._lock = threading.Lock()
+        self._event = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+
+    # --- the file object s3transfer writes to (its IO thread) ---
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset if whence == 0 else (self._pos + offset if whence == 1 else self.size + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data) -> int:
+        n = os.pwrite(self.fd, data, self._pos)
+        start, end = self._pos, self._pos + n
+        self._pos = end
+        with self._lock:
+            if start <= self.done:
+                self.done = max(self.done, end)
+                while self.done in self._ranges:
+                    self.done = max(self.done, self._ranges.pop(self.done))
+            else:
+                self._ranges[start] = max(self._ranges.get(start, 0), end)
+        self._wake_soon()
+        return n
+
+    # --- trio side ---
+    def _wake_soon(self) -> None:
+        try:
+            self._token.run_sync_soon(self._wake)
+        except trio.RunFinishedError:
+            pass
+
+    def _wake(self) -> None:
+        ev, self._event = self._event, trio.Event()
+        ev.set()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.finished = True
+        self._wake()
+
+    async def wait_for(self, end: int) -> None:
+        end = min(end, self.size)
+        while self.done < end:
+            if self.error is not None:
+                if isinstance(self.error, StoreError):
+                    raise self.error
+                raise StoreError(errno.EIO, f"download failed: {self.error}")
+            if self.finished:
+                raise StoreError(errno.EIO, f"download ended at {self.done} of {self.size} bytes")
+            await self._event.wait()
+
+
+class CacheEntry:
+    __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty", "download")
+
+    def __init__(self, bucket: str, key: str, path: str):
+        self.bucket = bucket
+        self.key = key
+        self.path = path
+        self.etag: str | None = None
+        self.size = 0
+        self.validated = float("-inf")
+        self.opens = 0
+        self.dirty = False
+        self.download: Download | None = None  # set while a streaming download runs
+
+
+class DataCache:
+    def __init__(self, directory: str | os.PathLike, limit: int | None = None,
+                 stream_threshold: int = 8 * 1024 * 1024):
+        self.dir = Path(directory) / "data"
+        self.tmp = Path(directory) / "tmp"
+        for d in (self.dir, self.tmp):
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir(parents=True)
+        self.limit = limit
+        self.stream_threshold = stream_threshold
+        self.nursery: trio.Nursery | None = None  # attach one to stream large objects
+        self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
+        self.bytes = 0
+        self._busy: dict[tuple[str, str], trio.Event] = {}
+        self._seq = itertools.count()
+        self.downloads = 0  # statistics, for tests and logs
+        self.heads = 0
+        self.evictions = 0
+
+    def _path(self, bucket: str, key: str) -> str:
+        digest = hashlib.sha256(f"{bucket}\0{key}".encode("utf-8", "surrogateescape")).hexdigest()
+        return str(self.dir / digest)
+
+    def get(self, bucket: str, key: str) -> CacheEntry | None:
+        return self.entries.get((bucket, key))
+
+    async def fetch(self, store, bucket: str, key: str, *, etag: str, size: int,
+                    ttl: float) -> tuple[CacheEntry, dict | None]:
+        """The cache entry of ``bucket/key`` with valid content, opened (``opens`` + 1:
+        the caller must ``release`` it) and the object's HEAD answer when one was made
+        (the caller updates its metadata from it). ``etag``/``size`` are what the listing
+        says. Raises StoreError (ENOENT when the object is gone)."""
+        k = (bucket, key)
+        while (ev := self._busy.get(k)) is not None:
+            await ev.wait()
+        entry = self.entries.get(k)
+        now = trio.current_time()
+        if entry is not None and entry.download is not None and entry.download.error is None:
+            self._use(entry)  # join the running download of the current version
+            return entry, None
+        if entry is not None and entry.etag is not None and (entry.dirty or now - entry.validated < ttl):
+            self._use(entry)
+            return entry, None
+        ev = self._busy[k] = trio.Event()
+        try:
+            info = None
+            if entry is not None and entry.etag is not None:
+                info = await store.head(bucket, key)
+                self.heads += 1
+                if info["etag"] == entry.etag:
+                    entry.validated = trio.current_time()
+                    self._use(entry)
+                    return entry, info
+                etag, size = info["etag"], info["size"]
+            if self.nursery is not None and size >= self.stream_threshold:
+                if info is None:
+                    info = await store.head(bucket, key)
+                    self.heads += 1
+                entry = self._stream(store, bucket, key, info["etag"], info["size"])
+                self._use(entry)
+                return entry, info
+            for attempt in range(5):
+                try:
+                    entry = await self._download(store, bucket, key, etag, size)
+                    break
+                except StoreError as exc:
+                    # the listing (or the HEAD) was behind S3: ask S3 what is there now
+                    if not (isinstance(exc, Changed) or exc.errno == errno.ENOENT) or attempt == 4:
+                        raise
+                    info = await store.head(bucket, key)
+                    self.heads += 1
+                    etag, size = info["etag"], info["size"]
+            self._use(entry)
+            return entry, info
+        finally:
+            del self._busy[k]
+            ev.set()
+            self.evict()
+
+    async def _download(self, store, bucket: str, key: str, etag: str, size: int) -> CacheEntry:
+        k = (bucket, key)
+        path = self._path(bucket, key)
+        tmp = str(self.tmp / f"{os.path.basename(path)}.{next(self._seq)}")
+        try:
+            if size == 0:
+                open(tmp, "wb").close()
+            else:
+                await store.download(bucket, key, tmp, etag=etag, size=size)
+                self.downloads += 1
+            got = os.stat(tmp).st_size
+            if got != size:
+                raise Changed(f"GET {bucket}/{key}: {got} bytes, expected {size}")
+            os.replace(tmp, path)  # atomic: readers see the old or the new file
+        except OSError as exc:
+            raise StoreError(exc.errno or errno.EIO, f"cache file for {bucket}/{key}: {exc}") from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        entry = self.entries.get(k)
+        if entry is None:
+            entry = self.entries[k] = CacheEntry(bucket, key, path)
+        else:
+            self.bytes -= entry.size
+        entry.etag, entry.size = etag, size
+        entry.validated = trio.current_time()
+        self.bytes += size
+        return entry
+
+    def _stream(self, store, bucket: str, key: str, etag: str, size: int) -> CacheEntry:
+        """Start a streaming download (in the attached nursery); the entry is readable
+        through ``entry.download`` at once and renamed into place when complete."""
+        k = (bucket, key)
+        final = self._path(bucket, key)
+        tmp = str(self.tmp / f"{os.path.basename(final)}.{next(self._seq)}")
+        dl = Download(tmp, size)
+        entry = self.entries.get(k)
+        if entry is None:
+            entry = self.entries[k] = CacheEntry(bucket, key, tmp)
+        else:
+            self.bytes -= entry.size
+        entry.path, entry.etag, entry.size, entry.download = tmp, etag, size, dl
+        entry.validated = trio.current_time()
+        self.bytes += size
+
+        async def run():
+            error = None
+            try:
+                await store.download(bucket, key, dl, etag=etag, size=size)
+                self.downloads += 1
+                if dl.done != size:
+                    raise Changed(f"GET {bucket}/{key}: {dl.done} bytes, expected {size}")
+                os.replace(tmp, final)
+                if entry.download is dl:
+                    entry.path = final
+            except BaseException as exc:
+                error = exc if isinstance(exc, Exception) else StoreError(errno.EIO, "mount stopping")
+                log.warning("download of %s/%s failed: %s", bucket, key, exc)
+                if entry.download is dl:  # forget this version: the next open fetches again
+                    entry.etag = None
+                    entry.validated = float("-inf")
+                if not isinstance(exc, Exception):
+                    raise
+            finally:
+                dl.finish(error)
+                os.close(dl.fd)
+                if entry.download is dl:
+                    entry.download = None
+                if error is not None and os.path.exists(tmp):
+                    os.unlink(tmp)
+                self.evict()
+        self.nursery.start_soon(run)
+        return entry
+
+    def _use(self, entry: CacheEntry) -> None:
+        entry.opens += 1
+        self.entries.move_to_end((entry.bucket, entry.key))
+
+    def release(self, entry: CacheEntry) -> None:
+        entry.opens -= 1
+        if entry.opens == 0:
+            self.evict()
+
+    def forget(self, bucket: str, key: str) -> None:
+        """The object is gone: drop its entry unless it is open or dirty."""
+        entry = self.entries.get((bucket, key))
+        if entry is not None and entry.opens == 0 and not entry.dirty and entry.download is None \
+                and (bucket, key) not in self._busy:
+            self._drop(entry)
+
+    def _drop(self, entry: CacheEntry) -> None:
+        del self.entries[(entry.bucket, entry.key)]
+        self.bytes -= entry.size
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            pass
+
+    def evict(self) -> None:
+        """Drop least-recently-used clean, closed entries until within ``limit``."""
+        if self.limit is None or self.bytes <= self.limit:
+            return
+        for k, entry in list(self.entries.items()):
+            if self.bytes <= self.limit:
+                break
+            if entry.opens or entry.dirty or entry.download is not None or k in self._busy:
+                continue
+            self._drop(entry)
+            self.evictions += 1

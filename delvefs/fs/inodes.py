@@ -1,0 +1,220 @@
+"""Inode table and directory tree of a mount.
+
+Nodes
+-----
+``Dir`` and ``File`` are ``__slots__`` classes (no per-entry dict): a listed file costs
+one File, its interned name and one slot in its directory's ``children`` dict. A node
+keeps its inode number for its whole life; numbers come from a counter and are never
+reused while the process runs.
+
+Lookup-count rules (the FUSE contract)
+--------------------------------------
+* ``nlookup`` counts the references the kernel holds. It grows by one for every
+  successful ``lookup`` (incl. "." and ".."), for every readdirplus entry the kernel
+  *accepted* (``reply`` returned True), and for create/mkdir (write side); it shrinks by
+  ``n`` on ``forget(ino, n)``.
+* The inode table (``InodeTable.nodes``, ino -> node) holds the root and exactly the
+  nodes with ``nlookup > 0``; nodes the kernel does not know are reachable only through
+  the tree, so a million listed-but-never-looked-up files cost no table slot.
+* A node leaves the tree (``detach``: deleted object, pruned empty directory, relist
+  sweep) independently of its lookup count. A detached node with ``nlookup > 0`` stays in
+  the table (``gone`` = True) so the kernel can still getattr/read/forget it; it is
+  dropped at its last ``forget``. A name that comes back later gets a *new* node and
+  inode number.
+* A node whose object changes in place (same key, new ETag) keeps its inode; the core
+  asks the kernel to drop its cached attributes and pages (invalidate_inode).
+
+Readdir offsets
+---------------
+``opendir`` takes a snapshot of the directory: a tuple of its children in insertion
+order. The directory caches that tuple until its next change, so many opendirs share
+one. ``readdir(off)`` returns snapshot entries from index ``off``; the entry at index
+``i`` carries ``next offset = i + 1``. Offsets therefore stay valid however the
+directory changes: entries added after the snapshot appear after the next rewind
+(``readdir`` at offset 0 takes a fresh snapshot), entries removed after it are skipped
+(never returned twice, never shifting others). "." and ".." are not listed (the kernel
+and libc supply them).
+
+Names
+-----
+``tree`` layout: the key below the view's root is split at "/"; every segment but the
+last is a (virtual) directory. Keys with an empty, "." or ".." segment, or a segment
+longer than 255 bytes, are not shown. A key ending in "/" (a "folder marker") only makes
+its directories. When both ``a`` and ``a/...`` exist, the directory wins and the file
+``a`` is hidden until the directory disappears.
+
+``flat`` layout: every object is a file at the view's top, named by ``flat_name``:
+the key below the root with ``%`` written ``%25`` and ``/`` written ``%2F`` (and a name
+of exactly "." or ".." written ``%2E`` / ``%2E%2E``). This is reversible
+(``flat_key``), so two keys never share a name.
+"""
+from __future__ import annotations
+
+import stat
+import sys
+
+ROOT_INODE = 1
+NAME_MAX = 255
+
+_intern = sys.intern
+
+
+def flat_name(rel: str) -> str:
+    """The flat-layout file name of key suffix ``rel`` (reversible: see flat_key)."""
+    name = rel.replace("%", "%25").replace("/", "%2F")
+    if name == ".":
+        return "%2E"
+    if name == "..":
+        return "%2E%2E"
+    return name
+
+
+def flat_key(name: str) -> str:
+    """Inverse of flat_name."""
+    out = []
+    i = 0
+    while i < len(name):
+        c = name[i]
+        if c == "%" and name[i + 1:i + 3] in ("25", "2F", "2E"):
+            out.append({"25": "%", "2F": "/", "2E": "."}[name[i + 1:i + 3]])
+            i += 3
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def valid_segment(seg: str) -> bool:
+    return seg not in ("", ".", "..") and (
+        len(seg) <= NAME_MAX // 4 or len(seg.encode("utf-8", "surrogateescape")) <= NAME_MAX)
+
+
+class Node:
+    __slots__ = ("ino", "name", "parent", "nlookup", "gone")
+
+    is_dir = False
+
+    def __init__(self, ino: int, name: str, parent: "Dir | None"):
+        self.ino = ino
+        self.name = name
+        self.parent = parent
+        self.nlookup = 0
+        self.gone = False
+
+
+class File(Node):
+    """A file for one object. ``mtime_ns`` from the object's Last-Modified."""
+
+    __slots__ = ("size", "mtime_ns", "etag")
+
+    def __init__(self, ino: int, name: str, parent: "Dir", size: int, mtime_ns: int, etag: str):
+        super().__init__(ino, name, parent)
+        self.size = size
+        self.mtime_ns = mtime_ns
+        self.etag = etag
+
+    @property
+    def key(self) -> str:
+        d = self.parent
+        if d.view is not None and d.view.flat:
+            return d.view.root + flat_key(self.name)
+        return d.prefix + self.name
+
+    @property
+    def view(self):
+        return self.parent.view
+
+
+class Dir(Node):
+    """A directory: the mount root (view None), a view's top, or a virtual directory.
+    ``prefix`` is the S3 key prefix its children's keys start with."""
+
+    __slots__ = ("view", "prefix", "children", "_snapshot", "mtime_ns", "shadow")
+
+    is_dir = True
+
+    def __init__(self, ino: int, name: str, parent: "Dir | None", view, prefix: str, mtime_ns: int):
+        super().__init__(ino, name, parent)
+        self.view = view
+        self.prefix = prefix
+        self.children: dict[str, Node] = {}
+        self._snapshot: tuple | None = None
+        self.mtime_ns = mtime_ns
+        self.shadow: File | None = None  # a file of the same name hidden by this directory
+
+    def snapshot(self) -> tuple:
+        """The children as a tuple, shared until the next change (readdir offsets)."""
+        snap = self._snapshot
+        if snap is None:
+            snap = self._snapshot = tuple(self.children.values())
+        return snap
+
+    def changed(self) -> None:
+        self._snapshot = None
+
+
+def mode_of(node: Node, writable: bool) -> int:
+    if node.is_dir:
+        return stat.S_IFDIR | (0o755 if writable else 0o555)
+    return stat.S_IFREG | (0o644 if writable else 0o444)
+
+
+class InodeTable:
+    """ino -> node for the root and every node the kernel holds (nlookup > 0)."""
+
+    def __init__(self, mtime_ns: int):
+        self._next = ROOT_INODE + 1
+        self.root = Dir(ROOT_INODE, "", None, None, "", mtime_ns)
+        self.nodes: dict[int, Node] = {ROOT_INODE: self.root}
+
+    def new_ino(self) -> int:
+        ino = self._next
+        self._next += 1
+        return ino
+
+    def get(self, ino: int) -> Node | None:
+        return self.nodes.get(ino)
+
+    def ref(self, node: Node, n: int = 1) -> None:
+        """The kernel took ``n`` more references to ``node``."""
+        node.nlookup += n
+        if node.nlookup == n:
+            self.nodes[node.ino] = node
+
+    def forget(self, ino: int, n: int) -> None:
+        node = self.nodes.get(ino)
+        if node is None or ino == ROOT_INODE:
+            return
+        node.nlookup = max(0, node.nlookup - n)
+        if node.nlookup == 0:
+            del self.nodes[ino]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    # --- tree edits (synchronous: atomic with respect to other trio tasks) ---
+
+    def new_dir(self, parent: Dir, name: str, view, prefix: str, mtime_ns: int) -> Dir:
+        d = Dir(self.new_ino(), _intern(name), parent, view, prefix, mtime_ns)
+        parent.children[d.name] = d
+        parent.changed()
+        return d
+
+    def new_file(self, parent: Dir, name: str, size: int, mtime_ns: int, etag: str) -> File:
+        f = File(self.new_ino(), name, parent, size, mtime_ns, etag)
+        parent.children[name] = f
+        parent.changed()
+        return f
+
+    def detach(self, node: Node) -> None:
+        """Take ``node`` (and, for a directory, its subtree) out of the tree."""
+        parent = node.parent
+        if parent is not None and parent.children.get(node.name) is node:
+            del parent.children[node.name]
+            parent.changed()
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            n.gone = True
+            if n.is_dir:
+                stack.extend(n.children.values())

@@ -1,0 +1,222 @@
+"""The FUSE side of a mount: the only module that imports pyfuse3.
+
+``Adapter`` turns pyfuse3's low-level requests into calls on the protocol-free core
+(:class:`delvefs.fs.core.FileSystem`): names bytes -> str, nodes -> EntryAttributes,
+:class:`FsError` -> ``FUSEError``. No exception escapes a handler: an unexpected one is
+logged with its traceback and answered with EIO.
+
+Kernel caches: entries and attributes are cached for the view's ``ttl``; a name missing
+from a fresh listing is answered with a *negative entry* (inode 0) cached as long.
+``Notifier`` delivers the core's invalidations (``invalidate_entry`` /
+``invalidate_inode``) from its own task, one worker thread at a time: they must never
+run inside a request handler, which may hold the very inode lock they wait for.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import math
+import os
+
+import pyfuse3
+import trio
+
+from .fs.core import FileSystem, FsError
+
+log = logging.getLogger(__name__)
+
+
+def _guard(fn):
+    """Map FsError to its errno and anything unexpected to EIO with a log line."""
+    @functools.wraps(fn)
+    async def wrapper(self, *args):
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except FsError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENODATA, errno.EROFS, errno.EOPNOTSUPP):
+                log.info("%s%r: %s", fn.__name__, args[:2], exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except OSError as exc:
+            log.warning("%s%r: %s", fn.__name__, args[:2], exc)
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:  # noqa: BLE001 — the contract: never let one escape
+            log.exception("unexpected error in %s%r", fn.__name__, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return wrapper
+
+
+class Notifier:
+    """Queue of kernel cache invalidations, delivered by ``run`` in a worker thread."""
+
+    def __init__(self):
+        self._send, self._recv = trio.open_memory_channel(math.inf)
+        self.delivered = 0
+
+    def entry(self, parent_ino: int, name: str) -> None:
+        self._send.send_nowait(("e", parent_ino, os.fsencode(name)))
+
+    def inode(self, ino: int) -> None:
+        self._send.send_nowait(("i", ino, None))
+
+    @staticmethod
+    def _deliver(batch) -> None:
+        for kind, ino, name in batch:
+            try:
+                if kind == "e":
+                    pyfuse3.invalidate_entry(ino, name)
+                else:
+                    pyfuse3.invalidate_inode(ino, attr_only=False)
+            except (FileNotFoundError, OSError):
+                pass  # the kernel did not have it cached: nothing to drop
+
+    async def run(self) -> None:
+        async with self._recv:
+            async for item in self._recv:
+                batch = [item]
+                while True:
+                    try:
+                        batch.append(self._recv.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await trio.to_thread.run_sync(self._deliver, batch, abandon_on_cancel=True)
+                self.delivered += len(batch)
+
+
+class Adapter(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, core: FileSystem):
+        super().__init__()
+        self.core = core
+
+    def _attrs(self, node) -> pyfuse3.EntryAttributes:
+        core = self.core
+        mode, nlink, size, mtime_ns, timeout = core.stat(node)
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.generation = 0
+        a.entry_timeout = timeout
+        a.attr_timeout = timeout
+        a.st_mode = mode
+        a.st_nlink = nlink
+        a.st_uid = core.uid
+        a.st_gid = core.gid
+        a.st_rdev = 0
+        a.st_size = size
+        a.st_blksize = 1 << 20
+        a.st_blocks = (size + 511) // 512
+        a.st_atime_ns = mtime_ns
+        a.st_mtime_ns = mtime_ns
+        a.st_ctime_ns = mtime_ns
+        return a
+
+    @_guard
+    async def lookup(self, parent_inode, name, ctx=None):
+        node = await self.core.lookup(parent_inode, os.fsdecode(name))
+        if node is None:
+            parent = self.core.table.get(parent_inode)
+            a = pyfuse3.EntryAttributes()
+            a.st_ino = 0  # a negative entry, cached by the kernel for entry_timeout
+            a.entry_timeout = self.core.timeout(parent) if parent is not None else 0
+            return a
+        return self._attrs(node)
+
+    async def forget(self, inode_list):
+        try:
+            self.core.forget(inode_list)
+        except Exception:  # noqa: BLE001
+            log.exception("forget")
+
+    @_guard
+    async def getattr(self, inode, ctx=None):
+        return self._attrs(await self.core.getattr(inode))
+
+    @_guard
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        raise FsError(errno.EROFS, "writing is not supported yet")
+
+    @_guard
+    async def opendir(self, inode, ctx):
+        return await self.core.opendir(inode)
+
+    @_guard
+    async def readdir(self, fh, start_id, token):
+        attrs = self._attrs
+        reply = pyfuse3.readdir_reply
+        fsencode = os.fsencode
+        await self.core.readdir(fh, start_id,
+                                lambda name, node, off: reply(token, fsencode(name), attrs(node), off))
+
+    @_guard
+    async def releasedir(self, fh):
+        self.core.releasedir(fh)
+
+    @_guard
+    async def open(self, inode, flags, ctx):
+        fh, keep = await self.core.open(inode, flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    @_guard
+    async def read(self, fh, off, size):
+        return await self.core.read(fh, off, size)
+
+    @_guard
+    async def release(self, fh):
+        await self.core.release(fh)
+
+    @_guard
+    async def flush(self, fh):
+        return None
+
+    @_guard
+    async def getxattr(self, inode, name, ctx):
+        return await self.core.getxattr(inode, os.fsdecode(name))
+
+    @_guard
+    async def listxattr(self, inode, ctx):
+        return [os.fsencode(n) for n in await self.core.listxattr(inode)]
+
+    @_guard
+    async def setxattr(self, inode, name, value, ctx):
+        await self.core.setxattr(inode, os.fsdecode(name), value)
+
+    @_guard
+    async def removexattr(self, inode, name, ctx):
+        raise FsError(errno.EROFS, "writing tags is not supported yet")
+
+    @_guard
+    async def statfs(self, ctx):
+        s = pyfuse3.StatvfsData()
+        for k, v in self.core.statfs().items():
+            setattr(s, k, v)
+        return s
+
+    @_guard
+    async def access(self, inode, mode, ctx):
+        return True  # default_permissions: the kernel checks modes itself
+
+
+def fuse_options(fsname: str = "delvefs") -> set[str]:
+    return set(pyfuse3.default_options) | {f"fsname={fsname}", "subtype=delvefs", "noatime"}
+
+
+def mount(adapter: Adapter, mountpoint: str, options: set[str]) -> None:
+    """Mount (synchronously): afterwards the kernel queues requests until ``serve``."""
+    pyfuse3.init(adapter, mountpoint, options)
+
+
+async def serve(max_tasks: int = 64) -> None:
+    """Answer requests until the file system is unmounted or ``terminate`` is called."""
+    await pyfuse3.main(min_tasks=4, max_tasks=max_tasks)
+
+
+def terminate() -> None:
+    pyfuse3.terminate()
+
+
+def close(unmount: bool = True) -> None:
+    pyfuse3.close(unmount=unmount)

@@ -1,0 +1,356 @@
+"""``delvefs mount`` / ``delvefs umount``: the composition root of the FUSE client.
+
+``run_mount`` checks what it can at once (views file, mountpoint), then, unless
+``--foreground``, re-executes itself with ``--foreground`` in a new session, logging to
+``<cache-dir>/mount.log``, and waits on a pipe for one line from the child: ``OK`` once
+the file system is mounted and answering, or ``ERR <message>``. Every failure ends with
+a one-line ``delvefs mount: ...`` error, exit status 1 and nothing left mounted.
+
+``serve`` wires the parts inside one AsyncExitStack and one nursery, in this order, and
+tears them down in reverse: handler client -> S3 store -> data cache -> core (views
+registered with the handler) -> FUSE adapter (mounted) -> tasks (invalidation notifier,
+view prefetch, signal watcher, the FUSE request loop).
+
+``run_umount`` runs ``fusermount3 -u`` and waits for the mount's daemon to exit (its pid
+is recorded under ``~/.cache/delvefs/run/``).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("delvefs.mount")
+
+READY_FD_ENV = "DELVEFS_READY_FD"
+STATE_DIR = Path(os.environ.get("DELVEFS_STATE_HOME", Path.home() / ".cache" / "delvefs"))
+READY_TIMEOUT = float(os.environ.get("DELVEFS_MOUNT_TIMEOUT", "120"))
+
+
+class MountError(Exception):
+    """A one-line, user-facing reason why mounting failed."""
+
+
+# ----------------------------------------------------------------- helpers
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_cache_size(text: str | None) -> int | None:
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise MountError(f"--cache-size {text!r}: expected a size such as 500MiB, 10GiB or 1000000")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _key(mountpoint: str) -> str:
+    return hashlib.sha256(mountpoint.encode()).hexdigest()[:16]
+
+
+def default_cache_dir(mountpoint: str) -> Path:
+    return STATE_DIR / "mounts" / _key(mountpoint)
+
+
+def run_file(mountpoint: str) -> Path:
+    return STATE_DIR / "run" / f"{_key(mountpoint)}.json"
+
+
+def mounted_fstype(mountpoint: str) -> str | None:
+    """The file system type mounted exactly at ``mountpoint``, or None."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        parts = line.split(" ")
+        sep = parts.index("-")
+        point = parts[4].encode().decode("unicode_escape") if "\\" in parts[4] else parts[4]
+        if point == mountpoint:
+            found = parts[sep + 1]
+    return found
+
+
+def _check_mountpoint(mountpoint: str) -> None:
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"mountpoint {mountpoint}: not an existing directory")
+    if mounted_fstype(mountpoint) is not None or os.path.ismount(mountpoint):
+        raise MountError(f"mountpoint {mountpoint} is in use (something is mounted there)")
+
+
+def _load_views(path: str):
+    from rulesets.loader import ViewsError, load_views
+    try:
+        views = load_views(path)
+    except ViewsError as exc:
+        raise MountError(f"invalid views file: {'; '.join(str(exc).splitlines())}") from None
+    except OSError as exc:
+        raise MountError(f"cannot read views file {path}: {exc.strerror}") from None
+    if not views:
+        raise MountError(f"views file {path} defines no views")
+    return views
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+# ----------------------------------------------------------------- serve
+
+async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
+                handler_url: str, token: str | None, ready) -> None:
+    """Run a mount until it is unmounted or SIGTERM/SIGINT arrives. ``ready()`` is called
+    once the kernel mount exists and requests are being answered."""
+    import trio
+
+    from . import fuse_adapter, s3
+    from .cache import DataCache
+    from .fs.core import FileSystem
+    from .fs.store import S3Store, StoreError
+    from .handler_client import HandlerClient, HandlerError
+
+    async with contextlib.AsyncExitStack() as stack:
+        handler = HandlerClient(handler_url, token)
+        stack.push_async_callback(handler.aclose)
+        made: dict = {}
+
+        async def make_client():  # botocore loads its models meanwhile (~0.3 s of CPU)
+            try:
+                made["client"] = await trio.to_thread.run_sync(s3.make_client)
+            except Exception as exc:  # noqa: BLE001 — reported below
+                made["error"] = exc
+
+        async def check_handler():
+            try:
+                await handler.health()
+            except HandlerError as exc:
+                made["handler_error"] = exc
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(make_client)
+            nursery.start_soon(check_handler)
+        if "handler_error" in made:
+            raise MountError(f"cannot reach the event handler at {handler_url}: {made['handler_error']}")
+        if "error" in made:
+            raise MountError(f"S3 client: {made['error']}")
+        client = made["client"]
+        store = S3Store(client)
+        stack.callback(store.close)
+        for bucket in sorted({v.bucket for v in views}):
+            try:
+                await store.check_bucket(bucket)
+            except StoreError as exc:
+                endpoint = client.meta.endpoint_url
+                raise MountError(f"S3 bucket {bucket} at {endpoint}: {exc}") from None
+
+        cache = DataCache(cache_dir, cache_size)
+        notifier = fuse_adapter.Notifier()
+        core = FileSystem(views, handler, store, cache, notifier=notifier)
+        stack.callback(core.close)
+        proofs = {}
+        for bucket in sorted({v.bucket for v in views}):
+            proofs[bucket] = await trio.to_thread.run_sync(s3.presigned_list_url, client, bucket)
+        try:
+            await core.register(f"{socket.gethostname()}:{os.getpid()}:{mountpoint}", proofs)
+        except HandlerError as exc:
+            raise MountError(f"the event handler refused the views: {exc}") from None
+
+        adapter = fuse_adapter.Adapter(core)
+        try:
+            fuse_adapter.mount(adapter, mountpoint, fuse_adapter.fuse_options())
+        except RuntimeError as exc:
+            raise MountError(f"cannot mount at {mountpoint}: {exc}") from None
+        stack.callback(fuse_adapter.close, True)
+        log.info("mounted %d views at %s (cache %s)", len(views), mountpoint, cache_dir)
+
+        async def watch_signals(task_status=trio.TASK_STATUS_IGNORED):
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                task_status.started()
+                async for signum in signals:
+                    log.info("signal %d: unmounting", signum)
+                    fuse_adapter.terminate()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            cache.nursery = nursery  # large objects stream (read while downloading)
+            nursery.start_soon(notifier.run)
+            await nursery.start(watch_signals)
+
+            async def serve_then_stop():
+                await fuse_adapter.serve()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(serve_then_stop)
+            # the request loop now runs: a stat answers, so the mount is ready
+            await trio.to_thread.run_sync(os.stat, mountpoint)
+            nursery.start_soon(core.prefetch)
+            ready()
+        log.info("unmounted %s", mountpoint)
+
+
+# ----------------------------------------------------------------- commands
+
+def _setup_logging() -> None:
+    level = os.environ.get("DELVEFS_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+
+
+def _foreground(args, views, mountpoint: str, cache_dir: Path, cache_size) -> int:
+    import trio
+
+    from .config import handler_token, handler_url
+
+    ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
+
+    def tell(line: str) -> None:
+        nonlocal ready_fd
+        if ready_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, (line + "\n").encode())
+                os.close(ready_fd)
+            ready_fd = -1
+
+    rf = run_file(mountpoint)
+
+    def ready() -> None:
+        rf.parent.mkdir(parents=True, exist_ok=True)
+        rf.write_text(json.dumps({"pid": os.getpid(), "mountpoint": mountpoint,
+                                  "cache_dir": str(cache_dir)}))
+        tell("OK")
+
+    try:
+        trio.run(serve, views, mountpoint, cache_dir, cache_size, handler_url(args.handler),
+                 handler_token(), ready)
+    except MountError as exc:
+        tell(f"ERR {exc}")
+        print(f"delvefs mount: {exc}", file=sys.stderr)
+        return 1
+    except BaseException as exc:  # noqa: BLE001 — report, then exit non-zero
+        if isinstance(exc, KeyboardInterrupt):
+            return 0
+        log.exception("mount failed")
+        tell(f"ERR {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        with contextlib.suppress(OSError):
+            if json.loads(rf.read_text()).get("pid") == os.getpid():
+                rf.unlink()
+    return 0
+
+
+def run_mount(args) -> int:
+    try:
+        mountpoint = os.path.realpath(args.mountpoint)
+        _check_mountpoint(mountpoint)
+        # the daemon validates the views (and says what is wrong through the pipe): the
+        # parent stays light, so "mount returns when ready" is mostly the daemon's start
+        views = _load_views(args.views) if args.foreground else None
+        cache_size = parse_cache_size(args.cache_size)
+        cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else default_cache_dir(mountpoint)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except MountError as exc:
+        print(f"delvefs mount: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"delvefs mount: cache directory: {exc}", file=sys.stderr)
+        return 1
+    if args.foreground:
+        _setup_logging()
+        return _foreground(args, views, mountpoint, cache_dir, cache_size)
+    return _daemonize(args, mountpoint, cache_dir)
+
+
+def _daemonize(args, mountpoint: str, cache_dir: Path) -> int:
+    log_path = cache_dir / "mount.log"
+    cmd = [sys.executable, "-m", "delvefs", "mount", os.path.abspath(args.views), mountpoint,
+           "--foreground", "--cache-dir", str(cache_dir)]
+    if args.cache_size:
+        cmd += ["--cache-size", str(args.cache_size)]
+    if args.handler:
+        cmd += ["--handler", args.handler]
+    r, w = os.pipe()
+    env = dict(os.environ, **{READY_FD_ENV: str(w)})
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(cmd, env=env, pass_fds=(w,), stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=logf, start_new_session=True, cwd="/")
+    os.close(w)
+    line = b""
+    deadline = time.monotonic() + READY_TIMEOUT
+    import select
+    with os.fdopen(r, "rb", buffering=0) as pipe:
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([pipe], [], [], left)[0]:
+                break
+            chunk = pipe.read(4096)
+            if not chunk:
+                break
+            line += chunk
+    text = line.decode(errors="replace").strip()
+    if text == "OK":
+        return 0
+    # failed: make sure nothing stays behind
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if mounted_fstype(mountpoint) is not None:
+        subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
+    if text.startswith("ERR "):
+        msg = text[4:]
+    elif not text and proc.returncode is not None:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+        msg = f"mount process exited with {proc.returncode}" + (f": {tail[0]}" if tail else "")
+    else:
+        msg = f"not ready after {READY_TIMEOUT:.0f} s (log: {log_path})"
+    print(f"delvefs mount: {msg}", file=sys.stderr)
+    return 1
+
+
+def run_umount(args) -> int:
+    mountpoint = os.path.realpath(args.mountpoint)
+    fstype = mounted_fstype(mountpoint)
+    if fstype is None:
+        print(f"delvefs umount: {mountpoint} is not mounted", file=sys.stderr)
+        return 1
+    if fstype != "fuse.delvefs":
+        print(f"delvefs umount: {mountpoint} is a {fstype} mount, not DelveFS", file=sys.stderr)
+        return 1
+    pid = None
+    with contextlib.suppress(OSError, ValueError):
+        pid = json.loads(run_file(mountpoint).read_text())["pid"]
+    r = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    if r.returncode != 0:
+        msg = (r.stderr.strip().splitlines() or [f"fusermount3 exited with {r.returncode}"])[-1]
+        print(f"delvefs umount: {msg}", file=sys.stderr)
+        return 1
+    if pid is not None:
+        deadline = time.monotonic() + float(os.environ.get("DELVEFS_UMOUNT_TIMEOUT", "120"))
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                print(f"delvefs umount: unmounted, but daemon {pid} still runs", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+    return 0
