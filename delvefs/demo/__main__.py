@@ -50,6 +50,7 @@ def run(args) -> int:
     with contextlib.ExitStack() as stack:
         base = Path(args.workdir) if args.workdir else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="delvefs-demo-")))
+        base.mkdir(parents=True, exist_ok=True)
         env = os.environ
         if not (env.get("AWS_ENDPOINT_URL") and env.get("DELVEFS_AMQP_URL")):
             roles.log("demo", "starting MinIO and RabbitMQ on loopback")
@@ -59,12 +60,13 @@ def run(args) -> int:
         if not env.get("DELVEFS_HANDLER_URL"):
             env["DELVEFS_HANDLER_TOKEN"] = env.get("DELVEFS_HANDLER_TOKEN") or secrets.token_hex(16)
             listen = f"127.0.0.1:{free_port()}"
+            handler_log = stack.enter_context(open(base / "handler.log", "ab"))
             handler = subprocess.Popen([*roles.DELVEFS, "eventhandler", "--state-dir", str(base / "handler"),
-                                        "--listen", listen])
+                                        "--listen", listen], stdout=handler_log, stderr=subprocess.STDOUT)
             stack.callback(stop, handler)
             env["DELVEFS_HANDLER_URL"] = f"http://{listen}"
             wait_healthy(env["DELVEFS_HANDLER_URL"], handler)
-            roles.log("demo", f"event handler on {env['DELVEFS_HANDLER_URL']}")
+            roles.log("demo", f"event handler on {env['DELVEFS_HANDLER_URL']} (log: {base / 'handler.log'})")
         roles.init()
         subscribers = []
         for worker in range(1, args.workers + 1):
@@ -72,9 +74,10 @@ def run(args) -> int:
                                      "--workdir", str(base / f"worker-{worker}"), "--seed", str(args.seed)])
             stack.callback(stop, proc)
             subscribers.append(proc)
-        # Publishing starts at once: some reads land before the subscribers watch, the
-        # rest while they run (`watch --existing` covers the first ones).
-        code = roles.publish(args.workers, args.files, args.reads, args.seed, args.interval, args.timeout)
+        # Publishing starts at once: a backlog lands before the subscribers watch
+        # (`watch --existing` covers it), the rest while they run.
+        code = roles.publish(args.workers, args.files, args.reads, args.seed, args.interval, args.timeout,
+                             args.backlog)
         roles.log("demo", "tearing down")
         return code
 
@@ -91,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=42)
         p.add_argument("--interval", type=float, default=0.3, help="seconds between uploads")
         p.add_argument("--timeout", type=float, default=300, help="seconds to wait for all alignments")
+        p.add_argument("--backlog", type=int, default=None,
+                       help="files published before the subscribers run (default: a third)")
 
     p = sub.add_parser("run", help="everything on this machine (default)")
     publish_options(p)
@@ -117,7 +122,8 @@ def main(argv=None) -> int:
     if args.role == "subscriber":
         workdir = Path(args.workdir or f"/tmp/delvefs-demo/worker-{args.worker}")
         return roles.subscriber(args.worker, workdir, args.seed, args.threads)
-    return roles.publish(args.workers, args.files, args.reads, args.seed, args.interval, args.timeout)
+    return roles.publish(args.workers, args.files, args.reads, args.seed, args.interval, args.timeout,
+                         args.backlog)
 
 
 if __name__ == "__main__":

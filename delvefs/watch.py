@@ -1,0 +1,203 @@
+"""``delvefs watch MOUNT/VIEW [--existing]``: print each file that appears in a view.
+
+The subscriber side of a publish/subscribe pipeline::
+
+    delvefs watch /mnt/in | while read f; do align "$f"; done
+
+Driven by the handler's change stream (``GET /v1/views/{id}/stream``, server-sent
+events), not by polling listings. The mount tells watch which view a directory is
+(``user.delvefs.view`` on the view directory) and is asked to catch up before a path
+is printed (``setxattr user.delvefs.sync <version>``), so every printed path can be
+opened at once.
+
+"Once per appearance": watch keeps the set of keys present in the view. A ``put`` of
+a key not present prints it; a ``delete`` removes it (a later ``put`` prints again);
+an update of a present key prints nothing. Across a reconnect the stream resumes
+after the last version seen (``Last-Event-ID``), and when the handler answers
+``resync`` (its change log no longer reaches back) the view is listed again and
+only keys not present before are printed — so no file is printed twice or missed,
+also when the handler restarts meanwhile.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+
+from .config import handler_token
+from .fs.inodes import relative_path
+
+log = logging.getLogger("delvefs.watch")
+VIEW_XATTR = "user.delvefs.view"
+SYNC_XATTR = "user.delvefs.sync"
+PAGE = 5000
+RETRY_MAX = 2.0
+
+
+class WatchError(Exception):
+    """Something the user must fix (not a view directory, mount gone): one line, exit 1."""
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    id: str
+    name: str
+    handler: str
+    root: str
+    layout: str
+
+    @classmethod
+    def of(cls, view_dir: Path) -> "ViewInfo":
+        try:
+            raw = os.getxattr(view_dir, VIEW_XATTR)
+        except OSError as exc:
+            if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.ENOENT):
+                raise WatchError(f"{view_dir} is not a view directory of a DelveFS mount") from None
+            raise WatchError(f"{view_dir}: {exc.strerror}") from None
+        info = json.loads(raw)
+        return cls(info["id"], info["name"], info["handler"], info["root"], info["layout"])
+
+
+class Watcher:
+    def __init__(self, view_dir: Path, out, *, token: str | None):
+        self.view_dir = view_dir
+        self.view = ViewInfo.of(view_dir)
+        self.out = out
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.view.handler, headers=headers,
+                                 timeout=httpx.Timeout(45.0, connect=5.0))
+        self.present: set[str] = set()
+        self.version = 0
+
+    # --- state ---------------------------------------------------------------------------
+
+    def list_view(self) -> tuple[int, list[str]]:
+        """All keys of the view and the version of the first page."""
+        keys, after, version = [], None, None
+        while True:
+            params = {"limit": PAGE, **({"after": after} if after else {})}
+            resp = self.http.get(f"/v1/views/{self.view.id}/objects", params=params)
+            resp.raise_for_status()
+            page = resp.json()
+            version = page["version"] if version is None else version
+            keys.extend(obj["key"] for obj in page["objects"])
+            after = page["next"]
+            if not after:
+                return version, keys
+
+    def relist(self, print_new: bool) -> None:
+        version, keys = self.list_view()
+        new = [k for k in keys if k not in self.present]
+        self.present = set(keys)
+        self.version = version
+        if print_new:
+            self.emit(new, version)
+
+    # --- output --------------------------------------------------------------------------
+
+    def emit(self, keys: list[str], version: int) -> None:
+        # Folder markers ("sub/") are directories, not files that appear.
+        paths = [p for p in (relative_path(self.view, k) for k in keys) if p and not p.endswith("/")]
+        if not paths:
+            return
+        # Make the mount catch up to `version` so each printed path opens at once.
+        os.setxattr(self.view_dir, SYNC_XATTR, str(version).encode())
+        for rel in paths:
+            self.out.write(f"{self.view_dir / rel}\n")
+        self.out.flush()
+
+    def apply(self, changes: list[dict]) -> None:
+        appeared = []
+        for change in changes:
+            key = change["key"]
+            if change["op"] == "put":
+                if key not in self.present:
+                    self.present.add(key)
+                    appeared.append(key)
+            else:
+                self.present.discard(key)
+                if key in appeared:
+                    appeared.remove(key)
+            self.version = max(self.version, change["v"])
+        self.emit(appeared, self.version)
+
+    # --- the stream ----------------------------------------------------------------------
+
+    def follow(self) -> None:
+        """Consume the change stream from ``self.version`` on (raises Resync when the handler asks)."""
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(self.version)}
+        with self.http.stream("GET", f"/v1/views/{self.view.id}/stream",
+                              params={"since": self.version}, headers=headers) as resp:
+            if resp.status_code == 410:
+                raise Resync()
+            resp.raise_for_status()
+            event, data = "message", []
+            for line in resp.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif line == "":  # end of one event
+                    if event == "resync":
+                        raise Resync()
+                    if data:
+                        self.apply([orjson.loads("\n".join(data))])
+                    event, data = "message", []
+                # `id:` repeats the change's "v"; ":" lines are keepalives.
+
+    def run(self, existing: bool) -> None:
+        self.relist(print_new=existing)
+        # Files that appear from now on are printed; scripts may wait for this line.
+        log.info("watching %s: %d files present, version %d", self.view_dir, len(self.present), self.version)
+        delay = 0.1
+        while True:
+            try:
+                self.follow()
+            except Resync:
+                log.warning("handler asked for a resync of view %s: listing it again", self.view.name)
+                self.relist(print_new=True)
+                delay = 0.1
+                continue
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403, 404):
+                    raise WatchError(f"handler refused view {self.view.name}: "
+                                     f"HTTP {exc.response.status_code} {exc.response.text.strip()}") from None
+                log.warning("change stream of %s interrupted (%s); reconnecting", self.view.name,
+                            type(exc).__name__)
+            if not self.view_dir.is_dir():
+                raise WatchError(f"{self.view_dir} is gone (unmounted?)")
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+            try:
+                # The handler may have been reset: a version it no longer knows is a 410.
+                self.http.get("/healthz").raise_for_status()
+                delay = 0.1
+            except httpx.HTTPError:
+                pass
+
+
+class Resync(Exception):
+    pass
+
+
+def run(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="delvefs watch: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `watch | head` ends quietly
+    try:
+        Watcher(Path(args.view_dir), sys.stdout, token=handler_token()).run(args.existing)
+    except WatchError as exc:
+        print(f"delvefs watch: {exc}", file=sys.stderr)
+        return 1
+    return 0
