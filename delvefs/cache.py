@@ -17,14 +17,24 @@
   HEAD first and every ranged GET is pinned to it; if S3 changes the object mid-way, the
   download fails (412) and readers of that version get EIO instead of mixed bytes.
 
-The cache lives for one mount session: ``DataCache`` empties its directory when it
-starts. Time is ``trio.current_time()`` (tests use trio's MockClock).
+Write side: a file being written is a *dirty* entry (``dirty`` = True) with a path of
+its own (``data/w-<id>``, independent of the key, so renames only re-key it and no
+download can ever land on it). Every dirty entry has a journal record
+``journal/w-<id>.json`` (bucket, key, view, tags, ...; written with tmp + rename before
+the first byte is accepted, removed when the upload succeeded). Dirty entries are never
+evicted.
+
+The cache's *clean* part lives for one mount session: when ``DataCache`` starts it
+removes every file except the dirty ones its journal names; those come back as dirty
+entries (``recovered``) that the core uploads at once (a mount that was SIGKILLed loses
+nothing it had accepted). Time is ``trio.current_time()`` (tests use trio's MockClock).
 """
 from __future__ import annotations
 
 import errno
 import hashlib
 import itertools
+import json
 import logging
 import os
 import shutil
@@ -97,6 +107,10 @@ class Download:
         self.finished = True
         self._wake()
 
+    async def wait_finished(self) -> None:
+        while not self.finished:
+            await self._event.wait()
+
     async def wait_for(self, end: int) -> None:
         end = min(end, self.size)
         while self.done < end:
@@ -110,7 +124,8 @@ class Download:
 
 
 class CacheEntry:
-    __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty", "download")
+    __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty", "download",
+                 "gen", "meta", "writers", "journaled")
 
     def __init__(self, bucket: str, key: str, path: str):
         self.bucket = bucket
@@ -122,6 +137,10 @@ class CacheEntry:
         self.opens = 0
         self.dirty = False
         self.download: Download | None = None  # set while a streaming download runs
+        self.gen = 0            # write generation: bumped by every write/truncate
+        self.meta: dict | None = None  # dirty entries: the journal record (view, tags, ...)
+        self.writers = 0        # open handles writing to it
+        self.journaled = False  # its journal record is on disk
 
 
 class DataCache:
@@ -129,15 +148,37 @@ class DataCache:
                  stream_threshold: int = 8 * 1024 * 1024):
         self.dir = Path(directory) / "data"
         self.tmp = Path(directory) / "tmp"
+        self.journal = Path(directory) / "journal"
+        self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
+        self.bytes = 0
+        self.recovered: list[CacheEntry] = []
+        records = self._read_journal()
+        keep = {r["file"] for r in records}
+        for d in (self.dir, self.tmp, self.journal):
+            d.mkdir(parents=True, exist_ok=True)
         for d in (self.dir, self.tmp):
-            if d.exists():
-                shutil.rmtree(d)
-            d.mkdir(parents=True)
+            for p in d.iterdir():
+                if d is self.tmp or p.name not in keep:
+                    if p.is_dir():
+                        shutil.rmtree(p)
+                    else:
+                        p.unlink()
+        for r in records:
+            entry = CacheEntry(r["bucket"], r["key"], str(self.dir / r["file"]))
+            entry.etag = ""
+            entry.size = os.stat(entry.path).st_size
+            entry.dirty = True
+            entry.meta = r
+            entry.journaled = True
+            old = self.entries.get((entry.bucket, entry.key))
+            if old is not None:  # two records for one key: the later one wins
+                self._drop(old)
+            self.entries[(entry.bucket, entry.key)] = entry
+            self.bytes += entry.size
+        self.recovered = list(self.entries.values())
         self.limit = limit
         self.stream_threshold = stream_threshold
         self.nursery: trio.Nursery | None = None  # attach one to stream large objects
-        self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
-        self.bytes = 0
         self._busy: dict[tuple[str, str], trio.Event] = {}
         self._seq = itertools.count()
         self.downloads = 0  # statistics, for tests and logs
@@ -228,6 +269,9 @@ class DataCache:
             entry = self.entries[k] = CacheEntry(bucket, key, path)
         else:
             self.bytes -= entry.size
+            if entry.path != path and entry.download is None:
+                _unlink(entry.path)  # an earlier (written) version had its own file
+            entry.path = path
         entry.etag, entry.size = etag, size
         entry.validated = trio.current_time()
         self.bytes += size
@@ -295,12 +339,158 @@ class DataCache:
             self._drop(entry)
 
     def _drop(self, entry: CacheEntry) -> None:
-        del self.entries[(entry.bucket, entry.key)]
+        if self.entries.get((entry.bucket, entry.key)) is entry:
+            del self.entries[(entry.bucket, entry.key)]
         self.bytes -= entry.size
+        _unlink(entry.path)
+        if entry.meta is not None:
+            if entry.journaled:
+                _unlink(str(self.journal / (entry.meta["file"] + ".json")))
+            entry.meta = None
+            entry.journaled = False
+
+    # ------------------------------------------------------------ write side
+
+    def _read_journal(self) -> list[dict]:
+        records = []
+        if not self.journal.is_dir():
+            return records
+        for p in sorted(self.journal.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+            if not p.name.endswith(".json"):
+                p.unlink()  # a record being written when the mount died
+                continue
+            try:
+                r = json.loads(p.read_text())
+                if not (self.dir / r["file"]).is_file():
+                    raise ValueError("data file missing")
+                records.append(r)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("journal record %s unusable (%s): dropped", p.name, exc)
+                p.unlink()
+        return records
+
+    def journal_record(self, entry: CacheEntry) -> None:
+        """Make sure the dirty entry's record is on disk: before the first byte that differs
+        from S3 is accepted (a write, a truncate) and when an upload failed."""
+        if not entry.journaled and entry.meta is not None:
+            self._write_record(entry)
+
+    def _write_record(self, entry: CacheEntry) -> None:
+        entry.journaled = True
+        r = entry.meta
+        r["bucket"], r["key"] = entry.bucket, entry.key
+        final = self.journal / (r["file"] + ".json")
+        tmp = self.journal / (r["file"] + ".json.tmp")
         try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            pass
+            with open(tmp, "w") as f:
+                json.dump(r, f)
+            os.replace(tmp, final)
+        except OSError as exc:
+            _unlink(str(tmp))
+            raise StoreError(exc.errno or errno.EIO,
+                             f"journal of {entry.bucket}/{entry.key}: {exc.strerror}") from exc
+
+    def _new_path(self) -> tuple[str, str]:
+        name = f"w-{os.urandom(8).hex()}"
+        return name, str(self.dir / name)
+
+    def writable(self, bucket: str, key: str, meta: dict, *, truncate: bool, held: int = 0) -> CacheEntry:
+        """Make the entry of ``bucket/key`` a dirty, writable local file of its own (the
+        caller journals it with ``journal_record`` before its first write). ``truncate`` (or no cached content): an empty file; otherwise the
+        cached content is taken over (moved, or copied while readers have it open).
+        Raises StoreError (ENOSPC, EIO) when the cache disk refuses."""
+        k = (bucket, key)
+        entry = self.entries.get(k)
+        if entry is not None and entry.dirty:
+            if truncate and entry.size:
+                self.truncate(entry, 0)
+            entry.meta.update({x: y for x, y in meta.items() if x not in entry.meta})
+            return entry
+        name, path = self._new_path()
+        try:
+            if truncate or entry is None or entry.etag is None or entry.download is not None:
+                open(path, "xb").close()
+                size = 0
+            elif entry.opens > held:  # (``held``: opens of the caller, not readers)
+                shutil.copyfile(entry.path, path)  # open readers keep their version
+                size = entry.size
+            else:
+                os.rename(entry.path, path)
+                size = entry.size
+        except OSError as exc:
+            _unlink(path)
+            raise StoreError(exc.errno or errno.EIO, f"cache file for {bucket}/{key}: {exc.strerror}") from exc
+        if entry is not None:
+            self.bytes -= entry.size
+        new = CacheEntry(bucket, key, path)
+        new.etag, new.size, new.dirty = "", size, True
+        new.meta = {"file": name, **meta}
+        new.opens = 0  # journaled at its first write (a created, never written file: lazily)
+        if entry is not None and entry.path != path and entry.download is None:
+            _unlink(entry.path)  # open readers keep reading through their descriptors
+        self.entries[k] = new
+        self.entries.move_to_end(k)
+        self.bytes += size
+        return new
+
+    def truncate(self, entry: CacheEntry, size: int) -> None:
+        self.journal_record(entry)
+        try:
+            os.truncate(entry.path, size)
+        except OSError as exc:
+            raise StoreError(exc.errno or errno.EIO,
+                             f"cache file for {entry.bucket}/{entry.key}: {exc.strerror}") from exc
+        self.resized(entry, size)
+
+    def resized(self, entry: CacheEntry, size: int) -> None:
+        self.bytes += size - entry.size
+        entry.size = size
+        entry.gen += 1
+
+    def redirty(self, entry: CacheEntry, meta: dict) -> None:
+        """An entry cleaned by an upload is written again through a handle still open."""
+        entry.dirty = True
+        entry.meta = {"file": os.path.basename(entry.path), **meta}
+        self._write_record(entry)
+
+    def update_record(self, entry: CacheEntry, **changes) -> None:
+        entry.meta.update(changes)
+        if entry.journaled:
+            self._write_record(entry)
+
+    def clean(self, entry: CacheEntry, etag: str) -> None:
+        """The entry's content is now object ``etag`` in S3: no longer dirty."""
+        entry.dirty = False
+        entry.etag = etag
+        entry.validated = trio.current_time()
+        if entry.meta is not None:
+            if entry.journaled:
+                _unlink(str(self.journal / (entry.meta["file"] + ".json")))
+            entry.meta = None
+            entry.journaled = False
+        self.evict()
+
+    def rekey(self, entry: CacheEntry, bucket: str, key: str) -> None:
+        """The entry now belongs to ``bucket/key`` (a rename); an entry there is dropped."""
+        if self.entries.get((entry.bucket, entry.key)) is entry:
+            del self.entries[(entry.bucket, entry.key)]
+        old = self.entries.get((bucket, key))
+        if old is not None and old is not entry:
+            if old.dirty:
+                old.dirty = False  # replaced by the rename: its data is no longer wanted
+            self._drop(old)
+        entry.bucket, entry.key = bucket, key
+        self.entries[(bucket, key)] = entry
+        if entry.meta is not None and entry.journaled:
+            self._write_record(entry)
+
+    def discard(self, entry: CacheEntry) -> None:
+        """Drop an entry whatever its state (its file was unlinked / replaced)."""
+        entry.dirty = False
+        self._drop(entry)
+
+    def dirty_entries(self) -> list[CacheEntry]:
+        return [e for e in self.entries.values() if e.dirty]
 
     def evict(self) -> None:
         """Drop least-recently-used clean, closed entries until within ``limit``."""
@@ -313,3 +503,10 @@ class DataCache:
                 continue
             self._drop(entry)
             self.evictions += 1
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -36,7 +36,8 @@ def _guard(fn):
         except pyfuse3.FUSEError:
             raise
         except FsError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENODATA, errno.EROFS, errno.EOPNOTSUPP):
+            if not exc.logged and exc.errno not in (errno.ENOENT, errno.ENODATA, errno.EROFS,
+                                                    errno.EOPNOTSUPP, errno.EEXIST, errno.ENOTEMPTY):
                 log.info("%s%r: %s", fn.__name__, args[:2], exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except OSError as exc:
@@ -137,7 +138,9 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def setattr(self, inode, attr, fields, fh, ctx):
-        raise FsError(errno.EROFS, "writing is not supported yet")
+        # mode, owner and times are accepted without being stored (cp -p, rsync -a work)
+        size = attr.st_size if fields.update_size else None
+        return self._attrs(await self.core.setattr(inode, size=size, fh=fh))
 
     @_guard
     async def opendir(self, inode, ctx):
@@ -170,7 +173,50 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def flush(self, fh):
-        return None
+        # close(2) returns flush's error (release's is ignored): the upload happens here
+        await self.core.flush(fh)
+
+    @_guard
+    async def fsync(self, fh, datasync):
+        await self.core.fsync(fh)
+
+    @_guard
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        fh, node = await self.core.create(parent_inode, os.fsdecode(name), flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._attrs(node)
+
+    @_guard
+    async def write(self, fh, off, buf):
+        return await self.core.write(fh, off, buf)
+
+    @_guard
+    async def unlink(self, parent_inode, name, ctx):
+        await self.core.unlink(parent_inode, os.fsdecode(name))
+
+    @_guard
+    async def rmdir(self, parent_inode, name, ctx):
+        await self.core.rmdir(parent_inode, os.fsdecode(name))
+
+    @_guard
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self._attrs(await self.core.mkdir(parent_inode, os.fsdecode(name)))
+
+    @_guard
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        await self.core.rename(parent_inode_old, os.fsdecode(name_old), parent_inode_new,
+                               os.fsdecode(name_new), flags)
+
+    @_guard
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        self.core.refuse(f"hard link {os.fsdecode(new_name)!r}")
+
+    @_guard
+    async def symlink(self, parent_inode, name, target, ctx):
+        self.core.refuse(f"symlink {os.fsdecode(name)!r}")
+
+    @_guard
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        self.core.refuse(f"special file {os.fsdecode(name)!r}")
 
     @_guard
     async def getxattr(self, inode, name, ctx):
@@ -186,7 +232,7 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def removexattr(self, inode, name, ctx):
-        raise FsError(errno.EROFS, "writing tags is not supported yet")
+        await self.core.removexattr(inode, os.fsdecode(name))
 
     @_guard
     async def statfs(self, ctx):

@@ -11,12 +11,19 @@ tears them down in reverse: handler client -> S3 store -> data cache -> core (vi
 registered with the handler) -> FUSE adapter (mounted) -> tasks (invalidation notifier,
 view prefetch, signal watcher, the FUSE request loop).
 
+Write path: dirty files journaled by an earlier (killed) mount of the same cache dir are
+recovered and uploaded by the core's background uploader; when the request loop ends
+(``umount``, SIGTERM/SIGINT) the daemon uploads everything still dirty before it exits
+and writes what it could not upload, and the scratch files left behind, to
+``<cache-dir>/unmount-report.txt`` (and the log), which ``delvefs umount`` prints.
+
 ``run_umount`` runs ``fusermount3 -u`` and waits for the mount's daemon to exit (its pid
 is recorded under ``~/.cache/delvefs/run/``).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -34,6 +41,11 @@ log = logging.getLogger("delvefs.mount")
 READY_FD_ENV = "DELVEFS_READY_FD"
 STATE_DIR = Path(os.environ.get("DELVEFS_STATE_HOME", Path.home() / ".cache" / "delvefs"))
 READY_TIMEOUT = float(os.environ.get("DELVEFS_MOUNT_TIMEOUT", "120"))
+REPORT = "unmount-report.txt"
+# S3 unreachable: a close fails within ~30 s (3 attempts, short connect/read timeouts)
+S3_CONNECT_TIMEOUT = float(os.environ.get("DELVEFS_S3_CONNECT_TIMEOUT", "3"))
+S3_READ_TIMEOUT = float(os.environ.get("DELVEFS_S3_READ_TIMEOUT", "8"))
+S3_ATTEMPTS = int(os.environ.get("DELVEFS_S3_ATTEMPTS", "3"))
 
 
 class MountError(Exception):
@@ -134,7 +146,9 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
 
         async def make_client():  # botocore loads its models meanwhile (~0.3 s of CPU)
             try:
-                made["client"] = await trio.to_thread.run_sync(s3.make_client)
+                made["client"] = await trio.to_thread.run_sync(functools.partial(
+                    s3.make_client, retries=S3_ATTEMPTS, connect_timeout=S3_CONNECT_TIMEOUT,
+                    read_timeout=S3_READ_TIMEOUT))
             except Exception as exc:  # noqa: BLE001 — reported below
                 made["error"] = exc
 
@@ -161,6 +175,8 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
                 raise MountError(f"S3 bucket {bucket} at {endpoint}: {exc}") from None
 
         cache = DataCache(cache_dir, cache_size)
+        with contextlib.suppress(FileNotFoundError):
+            (cache_dir / REPORT).unlink()
         notifier = fuse_adapter.Notifier()
         core = FileSystem(views, handler, store, cache, notifier=notifier)
         stack.callback(core.close)
@@ -171,6 +187,9 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             await core.register(f"{socket.gethostname()}:{os.getpid()}:{mountpoint}", proofs)
         except HandlerError as exc:
             raise MountError(f"the event handler refused the views: {exc}") from None
+        if cache.recovered:
+            log.info("%d dirty files in the journal of %s: uploading them", len(cache.recovered), cache_dir)
+        core.recover()
 
         adapter = fuse_adapter.Adapter(core)
         try:
@@ -195,7 +214,17 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
 
             async def serve_then_stop():
                 await fuse_adapter.serve()
+                # unmounted (or a signal): upload what is dirty before going away
+                failed, scratch = await core.shutdown()
+                lines = [f"not uploaded (kept in {cache_dir}, uploaded at the next mount "
+                         f"of this cache dir): {f}" for f in failed]
+                lines += [f"scratch file left behind (never uploaded): {p}" for p in scratch]
+                for line in lines:
+                    log.warning("%s", line)
+                if lines:
+                    (cache_dir / REPORT).write_text("".join(line + "\n" for line in lines))
                 nursery.cancel_scope.cancel()
+            await nursery.start(core.run_uploads)
             nursery.start_soon(serve_then_stop)
             # the request loop now runs: a stat answers, so the mount is ready
             await trio.to_thread.run_sync(os.stat, mountpoint)
@@ -338,19 +367,31 @@ def run_umount(args) -> int:
     if fstype != "fuse.delvefs":
         print(f"delvefs umount: {mountpoint} is a {fstype} mount, not DelveFS", file=sys.stderr)
         return 1
-    pid = None
-    with contextlib.suppress(OSError, ValueError):
-        pid = json.loads(run_file(mountpoint).read_text())["pid"]
+    pid = cache_dir = None
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        info = json.loads(run_file(mountpoint).read_text())
+        pid, cache_dir = info["pid"], info.get("cache_dir")
+    report = Path(cache_dir) / REPORT if cache_dir else None
+    if report is not None:
+        with contextlib.suppress(OSError):
+            report.unlink()
     r = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
     if r.returncode != 0:
         msg = (r.stderr.strip().splitlines() or [f"fusermount3 exited with {r.returncode}"])[-1]
         print(f"delvefs umount: {msg}", file=sys.stderr)
         return 1
     if pid is not None:
-        deadline = time.monotonic() + float(os.environ.get("DELVEFS_UMOUNT_TIMEOUT", "120"))
+        # the daemon uploads dirty files before it exits: large ones take their time
+        deadline = time.monotonic() + float(os.environ.get("DELVEFS_UMOUNT_TIMEOUT", "3600"))
         while _alive(pid):
             if time.monotonic() > deadline:
                 print(f"delvefs umount: unmounted, but daemon {pid} still runs", file=sys.stderr)
                 return 1
             time.sleep(0.05)
-    return 0
+    status = 0
+    if report is not None and report.exists():
+        for line in report.read_text().splitlines():
+            print(f"delvefs umount: {line}", file=sys.stderr)
+            if line.startswith("not uploaded"):
+                status = 1
+    return status

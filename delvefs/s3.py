@@ -13,7 +13,8 @@ from .config import S3Settings
 S3_EVENTS = ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
 
 
-def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retries: int = 3):
+def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retries: int = 3,
+                connect_timeout: float = 5, read_timeout: float = 60):
     """A boto3 S3 client for ``settings`` (default: from the environment)."""
     settings = settings or S3Settings.from_env()
     return boto3.client(
@@ -25,8 +26,8 @@ def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retri
         config=botocore.config.Config(
             max_pool_connections=max_pool,
             retries={"max_attempts": retries, "mode": "standard"},
-            connect_timeout=5,
-            read_timeout=60,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
             s3={"addressing_style": "path"},
             signature_version="s3v4",
         ),
@@ -101,6 +102,63 @@ def download_object(manager, bucket: str, key: str, filename: str, *, etag: str,
             future.meta.provide_object_etag(f'"{etag}"')
 
     manager.download(bucket, key, filename, subscribers=[_Known()]).result()
+
+
+# --- write path of the FUSE client (delvefs.fs.store calls these from worker threads) ---
+
+def _tagging(tags: dict[str, str] | None) -> str:
+    import urllib.parse
+    return urllib.parse.urlencode(sorted((tags or {}).items()))
+
+
+def put_file(client, bucket: str, key: str, filename: str, *, tags: dict[str, str] | None = None,
+             content_type: str | None = None) -> str:
+    """One PutObject of the whole file (small objects); returns the ETag (no quotes)."""
+    kw = {}
+    if tags:
+        kw["Tagging"] = _tagging(tags)
+    if content_type:
+        kw["ContentType"] = content_type
+    with open(filename, "rb") as f:
+        body = f.read()  # small: bytes are cheaper for botocore than a streamed file body
+    r = client.put_object(Bucket=bucket, Key=key, Body=body, **kw)
+    return r.get("ETag", "").strip('"')
+
+
+def upload_file(manager, bucket: str, key: str, filename: str, *, tags: dict[str, str] | None = None,
+                content_type: str | None = None) -> None:
+    """Upload a file through s3transfer (multipart, parallel parts, above the manager's
+    threshold) with ``tags`` as the object's tag set and ``content_type``."""
+    extra = {}
+    if tags:
+        extra["Tagging"] = _tagging(tags)
+    if content_type:
+        extra["ContentType"] = content_type
+    manager.upload(filename, bucket, key, extra_args=extra).result()
+
+
+def make_copy_manager(client, *, concurrency: int = 10):
+    """An s3transfer TransferManager for server-side copies: one CopyObject up to 5 GiB,
+    multipart UploadPartCopy above (tags and metadata are carried over either way)."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    config = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksize=512 * 1024**2,
+                            max_concurrency=concurrency, use_threads=True)
+    return create_transfer_manager(client, config)
+
+
+def copy_object(manager, bucket: str, key: str, src_bucket: str, src_key: str) -> None:
+    """Server-side copy ``src_bucket/src_key`` -> ``bucket/key`` (no data through us)."""
+    manager.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key).result()
+
+
+def delete_object(client, bucket: str, key: str) -> None:
+    client.delete_object(Bucket=bucket, Key=key)
+
+
+def put_object_tags(client, bucket: str, key: str, tags: dict[str, str]) -> None:
+    """Replace the object's tag set with ``tags``."""
+    client.put_object_tagging(Bucket=bucket, Key=key, Tagging={
+        "TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]})
 
 
 # ---- used by the event handler (eventhandler/) ------------------------------------------

@@ -1,7 +1,8 @@
 """The protocol-free file system core of the DelveFS client.
 
 ``inodes``  inode table, directory tree, names (tree/flat layouts), readdir snapshots
-``core``    the FileSystem: views, lazy listings and delta refreshes, handles, xattrs
+``core``    the FileSystem: views, lazy listings and delta refreshes, handles, xattrs, the
+            write path (dirty files, uploads, overlay of local changes, renames, tags)
 ``store``   async S3 access (boto3 via delvefs.s3 in worker threads)
 
 Nothing here imports pyfuse3: ``delvefs.fuse_adapter`` turns FUSE requests into calls

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import stat
 import sys
+from collections.abc import Mapping
 
 ROOT_INODE = 1
 NAME_MAX = 255
@@ -82,6 +83,41 @@ def flat_key(name: str) -> str:
             out.append(c)
             i += 1
     return "".join(out)
+
+
+def relative_path(view, key: str) -> str | None:
+    """The path of ``key`` below the directory of ``view``, or None when the key is not
+    shown there. ``view`` is anything with ``root`` and ``layout`` — a rulesets View, the
+    core's ViewState, or the mapping ``user.delvefs.view`` answers. tree: the key minus the
+    root ("sub/b.txt"; a folder marker "sub/" keeps its trailing "/"); flat: the flat name
+    (``flat_name``). Pure: ``delvefs watch`` uses it, the core uses it for every key."""
+    if isinstance(view, Mapping):
+        return key_path(view.get("root") or "", view.get("layout") == "flat", key)
+    return key_path(view.root or "", view.layout == "flat", key)
+
+
+def key_path(root: str, flat: bool, key: str) -> str | None:
+    """relative_path with the view's ``root`` and layout spelled out (the hot path)."""
+    if not key.startswith(root):
+        return None
+    rel = key[len(root):]
+    if flat:
+        if not rel or rel.endswith("/"):
+            return None
+        name = flat_name(rel)
+        return name if valid_segment(name) else None
+    if not rel:
+        return None
+    parts = rel.split("/")
+    last = parts.pop()
+    if last == "" and not parts:
+        return None
+    for seg in parts:
+        if not valid_segment(seg):
+            return None
+    if last != "" and not valid_segment(last):
+        return None
+    return rel
 
 
 def valid_segment(seg: str) -> bool:

@@ -1,13 +1,15 @@
 """Async access to S3 for the core: every boto3 call runs in a worker thread
 (``trio.to_thread.run_sync``) under a CapacityLimiter, so the trio loop never blocks.
 
-``S3Store`` is the real one; tests give the core a fake with the same four coroutines.
+``S3Store`` is the real one; tests give the core a fake with the same coroutines
+(read side: head, tags, download; write side: upload, copy, delete, put_tags).
 Errors come out as :class:`StoreError` with an errno (ENOENT, EACCES, EIO, ...).
 """
 from __future__ import annotations
 
 import errno
 import logging
+import time
 
 import trio
 
@@ -35,6 +37,8 @@ def _map(exc: BaseException, what: str) -> StoreError:
         return StoreError(errno.ENOENT, f"{what}: no such object")
     if code in ("412", "PreconditionFailed"):
         return Changed(f"{what}: object changed during download")
+    if code in ("InvalidTag", "InvalidTagKey", "InvalidTagValue", "BadRequest"):
+        return StoreError(errno.EINVAL, f"{what}: {code}")
     if code in ("403", "AccessDenied"):
         return StoreError(errno.EACCES, f"{what}: access denied")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -50,9 +54,14 @@ class S3Store:
         self._downloads = trio.CapacityLimiter(4)  # whole-object transfers at once
         self.manager = s3.make_transfer_manager(client, part_size=part_size,
                                                 concurrency=part_concurrency)
+        self.part_size = part_size
+        self._copier = None
+        self._uploads = trio.CapacityLimiter(4)  # whole-object uploads at once
 
     def close(self) -> None:
         self.manager.shutdown()
+        if self._copier is not None:
+            self._copier.shutdown()
 
     async def _call(self, what: str, fn, *args, **kwargs):
         try:
@@ -71,6 +80,40 @@ class S3Store:
         async with self._downloads:
             await self._call(f"GET {bucket}/{key}", s3.download_object, self.manager, bucket, key,
                              filename, etag=etag, size=size)
+
+    async def upload(self, bucket: str, key: str, filename: str, *, size: int,
+                     tags: dict[str, str] | None, content_type: str | None) -> dict:
+        """Upload the whole file as ``bucket/key``: one PutObject below the part size,
+        s3transfer multipart (parallel parts) above. Returns ``{"etag", "size", "mtime"}``."""
+        what = f"PUT {bucket}/{key}"
+        started = time.monotonic()
+        async with self._uploads:
+            if size < self.part_size:
+                etag = await self._call(what, s3.put_file, self.client, bucket, key, filename,
+                                        tags=tags, content_type=content_type)
+                return {"etag": etag, "size": size, "mtime": None}
+            await self._call(what, s3.upload_file, self.manager, bucket, key, filename,
+                             tags=tags, content_type=content_type)
+        info = await self.head(bucket, key)
+        took = time.monotonic() - started
+        log.info("uploaded %s/%s: %d bytes in %.2f s (%.0f MiB/s)", bucket, key, size, took,
+                 size / max(took, 1e-9) / 2**20)
+        return {"etag": info["etag"], "size": info["size"], "mtime": info["mtime"]}
+
+    async def copy(self, bucket: str, key: str, src_bucket: str, src_key: str) -> dict:
+        """Server-side copy (tags and metadata carried over); the new object's HEAD."""
+        if self._copier is None:
+            self._copier = s3.make_copy_manager(self.client)
+        await self._call(f"COPY {src_bucket}/{src_key} to {bucket}/{key}", s3.copy_object,
+                         self._copier, bucket, key, src_bucket, src_key)
+        return await self.head(bucket, key)
+
+    async def delete(self, bucket: str, key: str) -> None:
+        await self._call(f"DELETE {bucket}/{key}", s3.delete_object, self.client, bucket, key)
+
+    async def put_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
+        await self._call(f"PutObjectTagging {bucket}/{key}", s3.put_object_tags, self.client,
+                         bucket, key, tags)
 
     async def check_bucket(self, bucket: str) -> None:
         await self._call(f"bucket {bucket}", self.client.head_bucket, Bucket=bucket)

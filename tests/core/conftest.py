@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from delvefs.cache import DataCache
@@ -12,9 +14,11 @@ from .fakes import FakeHandler, FakeStore, RecordingNotifier
 class World:
     """A core wired to fakes; ``add`` puts an object into S3 and into a view's listing."""
 
-    def __init__(self, tmp_path, views, cache_limit=None):
-        self.handler = FakeHandler()
-        self.store = FakeStore()
+    def __init__(self, tmp_path, views, cache_limit=None, handler=None, store=None):
+        self.tmp_path = tmp_path
+        self.cache_limit = cache_limit
+        self.handler = handler or FakeHandler()
+        self.store = store or FakeStore()
         self.notifier = RecordingNotifier()
         self.cache = DataCache(tmp_path / "cache", cache_limit)
         self.views = {v.name: v for v in views}
@@ -53,6 +57,54 @@ class World:
         self.fs.releasedir(fh)
         return out
 
+    def restart(self) -> "World":
+        """A new mount of the same cache directory, store and handler (after a crash)."""
+        self.fs.close()
+        return World(self.tmp_path, list(self.views.values()), self.cache_limit,
+                     handler=self.handler, store=self.store)
+
+    def obj(self, view: str, key: str) -> dict | None:
+        """What the fake S3 holds, or None."""
+        return self.store.objects.get((self.views[view].bucket, key))
+
+    def sync_handler(self, view: str, key: str):
+        """The handler learns about an object the mount wrote (as its event would tell)."""
+        o = self.obj(view, key)
+        if o is None:
+            self.handler.delete(view, key)
+        else:
+            self.handler.put(view, key, len(o["data"]), o["etag"], o["mtime"])
+
+    async def open_write(self, path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
+        """(fh, node) of ``path`` opened for writing like open(2) would: create when
+        missing (O_CREAT), else open."""
+        parent, _, name = path.rpartition("/")
+        pnode = await self.path(parent)
+        node = await self.fs.lookup(pnode.ino, name)
+        if node is None:
+            return await self.fs.create(pnode.ino, name, flags)
+        fh, _ = await self.fs.open(node.ino, flags)
+        return fh, node
+
+    async def close(self, fh):
+        """close(2): flush (its error is close's error), then release."""
+        try:
+            await self.fs.flush(fh)
+        finally:
+            await self.fs.release(fh)
+
+    async def write(self, path: str, data: bytes, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                    offset: int = 0):
+        fh, node = await self.open_write(path, flags)
+        try:
+            if data:
+                await self.fs.write(fh, offset, data)
+        except BaseException:
+            await self.fs.release(fh)
+            raise
+        await self.close(fh)
+        return node
+
     async def read(self, path: str) -> bytes:
         node = await self.path(path)
         fh, _ = await self.fs.open(node.ino, 0)
@@ -62,10 +114,13 @@ class World:
             await self.fs.release(fh)
 
 
-def view(name, bucket="b", object="data/*", ttl=2.0, layout="tree", root=None, writable=False):
-    from rulesets.model import default_root
+def view(name, bucket="b", object="data/*", ttl=2.0, layout="tree", root=None, writable=False,
+         properties=None, set=None):
+    from rulesets.model import default_root, default_set
+    props = {k: tuple(v) for k, v in (properties or {}).items()}
     return View(name=name, bucket=bucket, object=object, ttl=ttl, layout=layout,
-                root=default_root(object) if root is None else root, writable=writable)
+                root=default_root(object) if root is None else root, writable=writable,
+                properties=props, set=default_set(props) if set is None else set)
 
 
 @pytest.fixture

@@ -81,6 +81,9 @@ class FakeStore:
     def __init__(self):
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls = {"head": 0, "tags": 0, "download": 0}
+        self.wcalls = {"upload": 0, "copy": 0, "delete": 0, "put_tags": 0}
+        self.fail_writes: int | None = None  # errno for upload/copy/delete/put_tags (S3 down)
+        self.uploaded: list[dict] = []       # every upload: key, tags, content_type, data
         self.chunk = 1000        # streaming downloads: bytes per write
         self.shuffle = False     # write odd chunks first
         self.fail_after = None   # fail a streaming download at this offset
@@ -128,6 +131,41 @@ class FakeStore:
             filename.write(data[start:start + chunk])
             self.progress.append(start)
             await trio.sleep(0)
+
+
+    # --- write side
+    def _check_write(self, what):
+        if self.fail_writes is not None:
+            raise StoreError(self.fail_writes, f"{what}: fake S3 refuses")
+
+    async def upload(self, bucket, key, filename, *, size, tags, content_type):
+        self.wcalls["upload"] += 1
+        self._check_write(f"PUT {bucket}/{key}")
+        with open(filename, "rb") as f:
+            data = f.read()
+        import time
+        obj = self.put(bucket, key, data, tags=tags, mtime=time.time())
+        self.objects[(bucket, key)]["content_type"] = content_type
+        self.uploaded.append({"bucket": bucket, "key": key, "tags": dict(tags or {}),
+                              "content_type": content_type, "data": data})
+        return {"etag": obj["etag"], "size": obj["size"], "mtime": None}
+
+    async def copy(self, bucket, key, src_bucket, src_key):
+        self.wcalls["copy"] += 1
+        self._check_write(f"COPY {src_bucket}/{src_key}")
+        o = self._get(src_bucket, src_key)
+        self.objects[(bucket, key)] = dict(o, tags=dict(o["tags"]))
+        return {"etag": o["etag"], "size": len(o["data"]), "mtime": o["mtime"], "metadata": o["metadata"]}
+
+    async def delete(self, bucket, key):
+        self.wcalls["delete"] += 1
+        self._check_write(f"DELETE {bucket}/{key}")
+        self.objects.pop((bucket, key), None)
+
+    async def put_tags(self, bucket, key, tags):
+        self.wcalls["put_tags"] += 1
+        self._check_write(f"PutObjectTagging {bucket}/{key}")
+        self._get(bucket, key)["tags"] = dict(tags)
 
 
 class RecordingNotifier:
