@@ -1,0 +1,345 @@
+"""End-to-end benchmarks of the event handler (the paper's RAW / MATCH / DB_MATCH scenarios,
+event latency, first scan), each against a bare baseline measured in the same run.
+
+    .venv/bin/python benchmarks/bench_handler.py [--events 100000] [--objects 100000]
+                                                 [--scan-objects 100000] [--latency-seconds 10]
+                                                 [--skip-scan] [--repeat 1]
+
+Real RabbitMQ and MinIO (delvefs.localservices), the real ``delvefs eventhandler`` process.
+Throughput: N synthetic MinIO-format events are published to the ``delvefs`` exchange while
+nobody consumes; two durable queues are bound to it (the handler's and the baseline's), so
+both get identical messages. Then the bare pika consumer (bench_handler_bare.py) drains its
+queue, and the handler (restarted on the same state) drains its own; both are timed from the
+first message to the last one handled (the handler through its /metrics counters, polled
+every 50 ms). Prints markdown tables (for docs/PERFORMANCE.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pika
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_handler_profile import bench_views, messages  # noqa: E402
+from delvefs.localservices import LocalServices  # noqa: E402
+from delvefs.s3 import ensure_bucket, make_client, presigned_list_url  # noqa: E402
+from eventhandler.amqp import declare  # noqa: E402
+from eventhandler.events import make_message  # noqa: E402
+from eventhandler.testing import HandlerProcess  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+BARE_QUEUE = "bench.bare"
+HANDLER_QUEUE = "bench.handler"
+
+
+def publish(url: str, msgs, exchange: str = "delvefs") -> float:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    t0 = time.perf_counter()
+    for body, headers in msgs:
+        ch.basic_publish(exchange, "", body, pika.BasicProperties(
+            content_type="application/json", delivery_mode=2, headers=headers))
+    conn.close()
+    return time.perf_counter() - t0
+
+
+def queue_depth(url: str, queue: str) -> int:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return conn.channel().queue_declare(queue, durable=True, passive=True).method.message_count
+    finally:
+        conn.close()
+
+
+def wait_depth(url, queue, n, timeout=120):
+    deadline = time.monotonic() + timeout
+    while queue_depth(url, queue) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{queue} never reached {n} messages")
+        time.sleep(0.05)
+
+
+def run_bare(url: str, n: int) -> dict:
+    out = subprocess.run([sys.executable, str(HERE / "bench_handler_bare.py"), url, BARE_QUEUE, str(n)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def handled(h: HandlerProcess) -> float:
+    text = httpx.get(h.url + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("delvefs_events_processed_total ", "delvefs_events_dropped_total ",
+                            "delvefs_events_dead_lettered_total ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_handler(h: HandlerProcess, n: int) -> dict:
+    """Start the handler on its state, time the drain of n messages, stop it."""
+    h.start()
+    t_first = c_first = None
+    while True:
+        c = handled(h)
+        now = time.perf_counter()
+        if t_first is None and c > 0:
+            t_first, c_first = now, c
+        if c >= n:
+            break
+        time.sleep(0.05)
+    text = httpx.get(h.url + "/metrics", timeout=5).text
+    vals = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("delvefs_batch_size_")}
+    h.stop()
+    dt = now - t_first
+    return {"count": n, "seconds": dt, "rate": (n - c_first) / dt if dt > 0 else float("inf"),
+            "batch": vals.get("delvefs_batch_size_sum", 0) / max(1, vals.get("delvefs_batch_size_count", 1))}
+
+
+def throughput(svc, h, scenario: str, n: int, objects: int, start: int = 0) -> tuple[dict, dict, float]:
+    msgs = messages(scenario, n, objects, start=start)
+    pub_s = publish(svc.rabbit.url, msgs)
+    wait_depth(svc.rabbit.url, BARE_QUEUE, n)
+    wait_depth(svc.rabbit.url, HANDLER_QUEUE, n)
+    bare = run_bare(svc.rabbit.url, n)
+    hand = run_handler(h, n)
+    return bare, hand, n / pub_s
+
+
+def paced_publish(url: str, n: int, rate: float, published: list | None = None):
+    """Publish n MATCH events at `rate`/s; their sequencer is the publish time in ns."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    base = time.time_ns() + 10**9  # later than every event of the throughput runs
+    t0 = time.perf_counter()
+    for i in range(n):
+        d = t0 + i / rate - time.perf_counter()
+        if d > 0:
+            time.sleep(d)  # no spinning: the polling thread needs the GIL
+        seq = max(time.time_ns(), base + i)  # the sequencer is the event time, as MinIO's
+        body, headers = make_message("s3:ObjectCreated:Put", "bench", "the-object", seq,
+                                     size=1000, etag=f"e{i}")
+        if published is not None:
+            published[i] = time.perf_counter()
+        ch.basic_publish("delvefs", "", body, pika.BasicProperties(
+            content_type="application/json", delivery_mode=2, headers={"minio-bucket": "bench"}))
+    return conn
+
+
+def publish_times(url: str, n: int, rate: float) -> list[float]:
+    published = [0.0] * n
+    paced_publish(url, n, rate, published).close()
+    return published
+
+
+def latency_bare(svc, rate: float, seconds: float) -> dict:
+    """The same paced events through RabbitMQ to a bare pika consumer (transport baseline)."""
+    n = int(rate * seconds)
+    proc = subprocess.Popen([sys.executable, str(HERE / "bench_handler_bare.py"), svc.rabbit.url,
+                             BARE_QUEUE, str(n), "latency"], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # let it connect (its queue is durable: nothing is lost if it is late)
+    paced_publish(svc.rabbit.url, n, rate).close()
+    out = json.loads(proc.communicate(timeout=120)[0])
+    conn = pika.BlockingConnection(pika.URLParameters(svc.rabbit.url))
+    conn.channel().queue_purge(HANDLER_QUEUE)  # the handler was not running: drop its copies
+    conn.close()
+    return out["latency_ms"]
+
+
+def latency(svc, h, vid: str, rate: float, seconds: float) -> dict:
+    """Publish MATCH events at `rate`/s; a long-polling client records when each became
+    visible (an event is visible once a change with its index or a later one is served)."""
+    h.start()
+    client = httpx.Client(base_url=h.url, timeout=30)
+    version = client.get(f"/v1/views/{vid}/objects").json()["version"]
+    n = int(rate * seconds)
+    published = [0.0] * n
+    seen: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def poll():
+        since = version
+        while not stop.is_set():
+            r = client.get(f"/v1/views/{vid}/changes", params={"since": since, "wait": 1}).json()
+            t = time.perf_counter()
+            if r["changes"]:
+                seen.append((t, max(int(c["object"]["etag"][1:]) for c in r["changes"] if c["object"])))
+            since = r["version"]
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    # the publisher runs in its own process: the poller must not wait for it (GIL); both
+    # processes read CLOCK_MONOTONIC (time.perf_counter), so their times compare
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        published[:] = pool.apply(publish_times, (svc.rabbit.url, n, rate))
+    deadline = time.monotonic() + 10
+    while (not seen or seen[-1][1] < n - 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    poller.join(5)
+    text = httpx.get(h.url + "/metrics", timeout=5).text
+    handler_hist = [(line.split('le="')[1].split('"')[0], float(line.rsplit(" ", 1)[1]))
+                    for line in text.splitlines() if line.startswith("delvefs_event_latency_seconds_bucket")]
+    h.stop()
+    # first visibility of each event
+    lat = []
+    j = 0
+    for i in range(n):
+        while j < len(seen) and seen[j][1] < i:
+            j += 1
+        if j == len(seen):
+            break
+        lat.append((seen[j][0] - published[i]) * 1000)
+    lat.sort()
+
+    def q(p):
+        return lat[min(len(lat) - 1, int(p * len(lat)))]
+    hist = {}
+    for bound in (0.5, 1, 2, 5, 10, 20, 50, float("inf")):
+        hist[bound] = sum(1 for x in lat if x <= bound)
+    return {"n": n, "visible": len(lat), "rate": rate, "p50": q(0.5), "p90": q(0.9), "p99": q(0.99),
+            "p999": q(0.999), "max": lat[-1], "hist": hist, "handler_hist": handler_hist}
+
+
+def scan(svc, h, s3, n: int) -> dict:
+    bucket = "scan-bench"
+    ensure_bucket(s3, bucket)
+    have = sum(len(p.get("Contents", [])) for p in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+    if have < n:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(32) as pool:
+            list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"dir{i % 100:02d}/obj{i:07d}.dat", Body=b""),
+                          range(have, n)))
+        print(f"# created {n - have} objects in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    t0 = time.perf_counter()
+    listed = sum(len(p.get("Contents", [])) for p in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+    bare = time.perf_counter() - t0
+    h.start()
+    t0 = time.perf_counter()
+    r = h.register({"scan": {"bucket": bucket, "object": "*.dat", "size": None, "modified": None,
+                             "accessed": None, "properties": {}}},
+                   {bucket: presigned_list_url(s3, bucket)})
+    r.raise_for_status()
+    while httpx.get(h.url + "/healthz").json()["buckets"].get(bucket) != "ready":
+        time.sleep(0.02)
+    handler_s = time.perf_counter() - t0
+    vid = r.json()["views"][0]["id"]
+    t0 = time.perf_counter()
+    count = len(h.list_all(vid, limit=50000)[1])
+    list_s = time.perf_counter() - t0
+    h.stop()
+    return {"objects": listed, "bare": bare, "handler": handler_s, "view_objects": count, "view_list": list_s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--objects", type=int, default=100_000)
+    ap.add_argument("--scan-objects", type=int, default=100_000)
+    ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument("--skip-scan", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--latency-rate", type=float, help="events/s for the latency run "
+                    "(default: 20%% of the measured MATCH rate)")
+    ap.add_argument("--keep", help="keep services and state in this directory (reuses the scan bucket)")
+    args = ap.parse_args()
+    sys.setswitchinterval(0.0005)
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="delvefs-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
+    with LocalServices(base / "services") as svc:
+        env = svc.env()
+        os.environ.update(env)
+        s3 = make_client()
+        ensure_bucket(s3, "bench")
+        h = HandlerProcess(env, base / f"state-{time.time_ns()}", token=None, queue=HANDLER_QUEUE,
+                           log_path=base / "handler.log")
+        h.start()
+        r = h.register({name: spec for name, spec in bench_views("bench")}, {"bench": presigned_list_url(s3, "bench")})
+        r.raise_for_status()
+        vid = r.json()["views"][0]["id"]
+        while httpx.get(h.url + "/healthz").json()["buckets"].get("bench") != "ready":
+            time.sleep(0.02)
+        conn = pika.BlockingConnection(pika.URLParameters(svc.rabbit.url))
+        declare(conn.channel(), "delvefs", BARE_QUEUE, BARE_QUEUE + ".dead")
+        conn.close()
+        h.stop()
+        rows = []
+        plan = [("RAW", 0), ("MATCH", 0), ("DB_MATCH (first events: creates)", 0),
+                ("DB_MATCH (updates)", args.objects)]
+        for _ in range(0 if args.skip_throughput else args.repeat):
+            for label, start in plan:
+                sc = label.split()[0]
+                bare, hand, pub_rate = throughput(svc, h, sc, args.events, args.objects, start)
+                rows.append((label, bare, hand))
+                print(f"# {label}: bare {bare['rate']:.0f}/s handler {hand['rate']:.0f}/s "
+                      f"ratio {hand['rate'] / bare['rate']:.2f} (published at {pub_rate:.0f}/s, "
+                      f"mean batch {hand['batch']:.0f})", file=sys.stderr)
+        if rows:
+            print_throughput(args, rows)
+        match_rate = statistics.median(h_['rate'] for lab, _, h_ in rows if lab == "MATCH") if rows else 0
+        rate = args.latency_rate or 0.2 * match_rate
+        bare_lat = latency_bare(svc, rate, args.latency_seconds)
+        lat = latency(svc, h, vid, rate, args.latency_seconds)
+        print_latency(args, lat, bare_lat)
+        if not args.skip_scan:
+            sc = scan(svc, h, s3, args.scan_objects)
+            print("\n### First scan of a bucket\n")
+            print("| objects | bare boto3 ListObjectsV2 | handler scan (register → ready) | ratio | target | "
+                  "then listing the view via API |")
+            print("|---:|---:|---:|---:|---|---:|")
+            print(f"| {sc['objects']} | {sc['bare']:.1f} s | {sc['handler']:.1f} s | "
+                  f"{sc['handler'] / sc['bare']:.2f} | ≤ 1.2 | {sc['view_list']:.1f} s ({sc['view_objects']} objects) |")
+        h.http.close()
+    return 0
+
+
+def print_throughput(args, rows):
+    print("\n### Throughput (events drained from a pre-filled durable queue)\n")
+    print(f"{args.events} events per run, 100 views on the bucket, {args.objects} distinct objects in DB_MATCH.\n")
+    print("| scenario | bare pika (events/s) | handler (events/s) | handler / bare | target |")
+    print("|---|---:|---:|---:|---:|")
+    targets = {"RAW": 0.8, "MATCH": 0.7, "DB_MATCH": 0.5}
+    for label, bare, hand in rows:
+        print(f"| {label} | {bare['rate']:.0f} | {hand['rate']:.0f} | {hand['rate'] / bare['rate']:.2f} "
+              f"| ≥ {targets[label.split()[0]]} |")
+
+
+def print_latency(args, lat, bare):
+    print("\n### Latency: publish → visible through the API (long-polling client)\n")
+    print(f"MATCH events at {lat['rate']:.0f}/s (20% of the handler's MATCH rate) for "
+          f"{args.latency_seconds:.0f} s; {lat['visible']} of {lat['n']} events observed.\n")
+    print("| path | p50 | p90 | p99 | p99.9 | max | target |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"| handler: publish → visible via long poll | {lat['p50']:.2f} ms | {lat['p90']:.2f} ms | {lat['p99']:.2f} ms | {lat['p999']:.2f} ms "
+          f"| {lat['max']:.1f} ms | p99 ≤ 5 ms, p99.9 ≤ 20 ms |")
+    print(f"| bare pika consumer, same events: publish → received | {bare['0.5']:.2f} ms | {bare['0.9']:.2f} ms "
+          f"| {bare['0.99']:.2f} ms | {bare['0.999']:.2f} ms | {bare['1.0']:.1f} ms | (transport baseline) |")
+    print("\n| latency ≤ | " + " | ".join(f"{b:g} ms" for b in lat["hist"]) + " |")
+    print("|---|" + "---:|" * len(lat["hist"]))
+    print("| events | " + " | ".join(f"{100 * c / max(1, lat['visible']):.2f}%" for c in lat["hist"].values()) + " |")
+    hh = lat["handler_hist"]
+    if hh:
+        total = hh[-1][1] or 1
+        print("\nInside the handler (`delvefs_event_latency_seconds`: event time → batch committed):\n")
+        print("| ≤ | " + " | ".join(f"{float(b) * 1000:g} ms" if b != "+Inf" else "inf" for b, _ in hh) + " |")
+        print("|---|" + "---:|" * len(hh))
+        print("| events | " + " | ".join(f"{100 * c / total:.2f}%" for _, c in hh) + " |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

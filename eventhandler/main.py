@@ -1,0 +1,99 @@
+"""``delvefs eventhandler``: the composition root.
+
+Wires, inside one ExitStack (torn down in reverse order):
+
+1. ``Store``   — LevelDB in ``--state-dir`` (the only open of it);
+2. ``Engine``  — registered views, buckets, the write lock, S3 worker pools, background
+                 threads (tags, time flips, periodic reconcile);
+3. ``Consumer``— the AMQP thread (pika BlockingConnection), acking after each commit;
+4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT.
+
+On a signal: the HTTP server stops, the consumer finishes and acks the batch in hand and
+closes its connection, the engine stops its threads, LevelDB is closed; exit 0.
+
+Environment (besides config.py's): ``DELVEFS_RECONCILE_INTERVAL`` (seconds; default 3600,
+0 = never), ``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``),
+``DELVEFS_LOG_LEVEL`` (default INFO).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from delvefs import config
+
+log = logging.getLogger("delvefs.eventhandler")
+
+DEFAULT_LISTEN = "127.0.0.1:8731"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local/state")
+    return Path(base) / "delvefs"
+
+
+async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event) -> None:
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        log.info("listening on http://%s:%d", host, port)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(args) -> int:
+    logging.basicConfig(level=os.environ.get("DELVEFS_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pika").setLevel(logging.WARNING)
+    from .amqp import Consumer, LagMonitor
+    from .api import Api
+    from .engine import Engine
+    from .metrics import Metrics
+    from .store import Store
+
+    # the API thread must not wait 5 ms (the default GIL switch interval) for a busy consumer
+    sys.setswitchinterval(float(os.environ.get("DELVEFS_SWITCH_INTERVAL", "0.0005")))
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    host, port = parse_listen(args.listen or DEFAULT_LISTEN)
+    interval = float(os.environ.get("DELVEFS_RECONCILE_INTERVAL", "3600"))
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    with contextlib.ExitStack() as stack:
+        stack.callback(loop.close)
+        store = Store(str(state_dir / "leveldb"))
+        stack.callback(store.close)
+        metrics = Metrics()
+        engine = Engine(store, metrics, reconcile_interval=interval)
+        stack.callback(engine.close)
+        engine.start()
+        consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),
+                            engine, metrics)
+        consumer.start()
+        stack.callback(consumer.stop)
+        lag = LagMonitor(consumer.url, consumer.queue, metrics.queue, ready=consumer.connected.is_set)
+        lag.start()
+        stack.callback(lag.stop)
+        api = Api(engine, consumer, metrics, config.handler_token(),
+                  config.S3Settings.from_env().endpoint_url)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        loop.run_until_complete(serve(api.app(), host, port, stop))
+        log.info("stopping")
+    log.info("stopped")
+    return 0

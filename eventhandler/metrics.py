@@ -1,0 +1,67 @@
+"""Prometheus metrics of the handler (prometheus_client, one registry per handler)."""
+from __future__ import annotations
+
+import bisect
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+
+LATENCY_BOUNDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class BatchHistogram:
+    """A histogram fed a whole batch at a time (one lock per batch, not per event)."""
+
+    def __init__(self, name: str, doc: str, bounds=LATENCY_BOUNDS):
+        self.name, self.doc, self.bounds = name, doc, tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe_many(self, values) -> None:
+        bounds, local = self.bounds, [0] * (len(self.bounds) + 1)
+        total = 0.0
+        for v in values:
+            local[bisect.bisect_left(bounds, v)] += 1
+            total += v
+        with self._lock:
+            for i, c in enumerate(local):
+                self.counts[i] += c
+            self.sum += total
+
+    def collect(self):
+        with self._lock:
+            counts, total = list(self.counts), self.sum
+        acc, buckets = 0, []
+        for bound, c in zip(self.bounds, counts):
+            acc += c
+            buckets.append((repr(float(bound)), acc))
+        acc += counts[-1]
+        buckets.append(("+Inf", acc))
+        m = HistogramMetricFamily(self.name, self.doc)
+        m.add_metric([], buckets, total)
+        yield m
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.processed = Counter("delvefs_events_processed", "events applied to the state", registry=r)
+        self.dropped = Counter("delvefs_events_dropped", "events of buckets no view names", registry=r)
+        self.stale = Counter("delvefs_events_stale",
+                             "events that changed nothing (replayed or older than the state)", registry=r)
+        self.dead = Counter("delvefs_events_dead_lettered", "undecodable or invalid messages", registry=r)
+        self.batches = Histogram("delvefs_batch_size", "messages per committed batch", registry=r,
+                                 buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000))
+        self.latency = BatchHistogram("delvefs_event_latency_seconds",
+                                      "event time (sequencer) to committed state")
+        r.register(self.latency)
+        self.queue = Gauge("delvefs_queue_messages", "messages ready in the handler's queue (lag)",
+                           registry=r)
+        self.scans = Counter("delvefs_bucket_scans", "bucket listings (first scans and reconciles)",
+                             registry=r)
+        self.scanned = Counter("delvefs_scanned_objects", "objects read by bucket listings", registry=r)
+        self.tag_fetches = Counter("delvefs_tag_fetches", "GetObjectTagging requests", registry=r)
+        self.flips = Counter("delvefs_time_flips", "objects re-evaluated because time passed", registry=r)
+        self.repaired = Counter("delvefs_reconcile_repairs", "objects repaired by reconcile", registry=r)

@@ -1,0 +1,222 @@
+"""The handler's LevelDB (plyvel): the only module that imports plyvel; it owns the key layout.
+
+Schema (every key starts with a one-byte prefix; ``vid`` = a view id's 8 raw bytes, i.e.
+``bytes.fromhex(view_id)``; ``bucket`` and ``key`` are UTF-8; ``\\0`` separates a bucket
+name, which never contains NUL, from what follows; ``v`` is an 8-byte big-endian unsigned
+version so that byte order is numeric order). Values are msgpack.
+
+=====================  ==========================================================  ==========
+key                    value                                                       writers
+=====================  ==========================================================  ==========
+``S`` "schema"         int SCHEMA                                                  open()
+``V`` vid              {"id", "slot", "spec", "names": [..], "floor", "ready",     register
+                        "created"}: one registered view (filter spec, its slot =
+                        its index in the matcher, the first version whose change
+                        log is complete for it)
+``B`` bucket           {"state": "scanning"|"ready", "version", "tags": bool,      scan,
+                        "scanned": epoch}: a tracked bucket (some view names it);    batches
+                        ``version`` = last change-log version of the bucket
+``o`` bucket\\0key      [seq, size, mtime, etag, tags|None, metadata, slots, ever,  batches
+                        lv, flags]: object metadata (OBJ_* indices below)
+``c`` bucket\\0 v       [key, deleted, slots, ever|None (= slots), size, mtime,     batches
+                        etag]: change log of the bucket, shared by all its views
+``T`` bucket\\0key      int seq: a GetObjectTagging for version seq is pending      batches
+=====================  ==========================================================  ==========
+
+Invariants (each WriteBatch keeps them, so they hold after any crash):
+
+- ``o`` holds only keys of tracked buckets (events of other buckets are dropped unread, as
+  in the paper: their metadata would cost writes for nobody). ``tags``/``metadata`` of None
+  mean "not known" (tags are fetched only for buckets where a view has property rules; a
+  listing carries no metadata), ``{}`` means known to be empty. ``seq`` (the S3 sequencer as int) never
+  decreases for a key; a removed key is kept as a tombstone (``flags & DELETED``, the
+  remove's seq) so that a late or replayed older create cannot resurrect it. Tagging events
+  carry the sequencer of the version they tag: equal seq + tagging = fetch tags again.
+- ``slots`` = the set of slots of the views the object matches, as a little-endian bitmap
+  (bytes; bit i = slot i; b"" for tombstones; never changed while ``flags & TAGS_PENDING``);
+  ``ever`` = bitmap union of all slots the key was in since it was first seen (so a change
+  entry can tell a view "this key left you"). Slots are never reused (views are not removed).
+  A view's listing is the bucket's ``o`` records whose ``slots`` hold its slot (no per-view
+  index: an event then costs O(1) writes however many views match; see docs/PERFORMANCE.md).
+- ``lv`` = version of the key's one change-log entry (0 = none): the log holds at most one
+  entry per key (the newest); writing a new entry deletes ``c bucket v=lv``. Entry versions
+  are the bucket's ``version`` counter, strictly increasing, starting at the epoch time in
+  microseconds when the bucket became tracked (so versions from a wiped state are rejected).
+- A view's change for an entry: put when its slot is in ``slots``; delete when it is only
+  in ``ever``; none otherwise.
+- ``T`` exists iff the object has ``TAGS_PENDING`` (a fetch is owed after a restart).
+
+Writes are WriteBatches with sync=False: they survive a killed process (the OS has the
+log), not a power cut; AMQP acks are sent only after the batch is written.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import msgpack
+import plyvel
+
+SCHEMA = 1
+
+# object record fields
+OBJ_SEQ, OBJ_SIZE, OBJ_MTIME, OBJ_ETAG, OBJ_TAGS, OBJ_META, OBJ_SLOTS, OBJ_EVER, OBJ_LV, OBJ_FLAGS = range(10)
+DELETED = 1
+TAGS_PENDING = 2
+
+# change entry fields
+CH_KEY, CH_DELETED, CH_SLOTS, CH_EVER, CH_SIZE, CH_MTIME, CH_ETAG = range(7)
+
+_V = struct.Struct(">Q")
+packb = msgpack.Packer(use_bin_type=True).pack
+
+
+def unpackb(data: bytes):
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+# ---- key encoding (pure; unit-tested) --------------------------------------------------
+
+def k_view(vid: str) -> bytes:
+    return b"V" + bytes.fromhex(vid)
+
+
+def k_bucket(bucket: str) -> bytes:
+    return b"B" + bucket.encode()
+
+
+def k_obj(bucket: str, key: str) -> bytes:
+    return b"o" + bucket.encode() + b"\0" + key.encode()
+
+
+def obj_prefix(bucket: str) -> bytes:
+    return b"o" + bucket.encode() + b"\0"
+
+
+def split_obj_key(k: bytes) -> tuple[str, str]:
+    b, _, key = k[1:].partition(b"\0")
+    return b.decode(), key.decode()
+
+
+def k_change(bucket: str, v: int) -> bytes:
+    return b"c" + bucket.encode() + b"\0" + _V.pack(v)
+
+
+pack_version = _V.pack
+
+
+def change_prefix(bucket: str) -> bytes:
+    return b"c" + bucket.encode() + b"\0"
+
+
+def k_tagwait(bucket: str, key: str) -> bytes:
+    return b"T" + bucket.encode() + b"\0" + key.encode()
+
+
+def new_object(seq, size, mtime, etag, tags, metadata) -> list:
+    return [seq, size, mtime, etag, tags, metadata, b"", b"", 0, 0]
+
+
+# ---- slot sets: little-endian bitmaps (bit i = the view with slot i) ----------------------
+
+def bits_of(slots) -> bytes:
+    n = 0
+    for s in slots:
+        n |= 1 << s
+    return n.to_bytes((n.bit_length() + 7) >> 3, "little")
+
+
+def bits_has(bits: bytes, slot: int) -> bool:
+    i = slot >> 3
+    return i < len(bits) and (bits[i] >> (slot & 7)) & 1 == 1
+
+
+def bits_union(a: bytes, b: bytes) -> bytes:
+    n = int.from_bytes(a, "little") | int.from_bytes(b, "little")
+    return n.to_bytes((n.bit_length() + 7) >> 3, "little")
+
+
+def slots_of(bits: bytes) -> list[int]:
+    n = int.from_bytes(bits, "little")
+    return [i for i in range(n.bit_length()) if (n >> i) & 1]
+
+
+class Store:
+    """An open LevelDB. Thread-safe for reads; writers serialise themselves (engine lock)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.db = plyvel.DB(path, create_if_missing=True, write_buffer_size=32 << 20,
+                            lru_cache_size=64 << 20, max_open_files=500)
+        raw = self.db.get(b"Sschema")
+        if raw is None:
+            self.db.put(b"Sschema", packb(SCHEMA))
+        elif unpackb(raw) != SCHEMA:
+            raise RuntimeError(f"{path}: state schema {unpackb(raw)} is not {SCHEMA}; "
+                               "remove the state directory to start afresh")
+
+    def close(self) -> None:
+        if not self.db.closed:
+            self.db.close()
+
+    # writes
+    def batch(self):
+        """A plyvel WriteBatch: .put(k, v) / .delete(k); commit with write(batch)."""
+        return self.db.write_batch()
+
+    @staticmethod
+    def write(batch) -> None:
+        batch.write()
+
+    # reads
+    def get_object(self, bucket: str, key: str) -> list | None:
+        raw = self.db.get(k_obj(bucket, key))
+        return None if raw is None else unpackb(raw)
+
+    def get_raw(self, k: bytes) -> bytes | None:
+        return self.db.get(k)
+
+    def iter_objects(self, bucket: str, after: str | None = None,
+                     upto: str | None = None) -> Iterator[tuple[str, list]]:
+        """(key, record) of a bucket in key order: after < key <= upto."""
+        prefix = obj_prefix(bucket)
+        start = prefix + after.encode() if after is not None else prefix
+        stop = prefix + upto.encode() if upto is not None else None
+        it = self.db.iterator(start=start, stop=stop, include_stop=True,
+                              include_start=after is None) if stop is not None else \
+            self.db.iterator(start=start, include_start=after is None, stop=_prefix_end(prefix))
+        n = len(prefix)
+        with it:
+            for k, v in it:
+                yield k[n:].decode(), unpackb(v)
+
+    def iter_changes(self, bucket: str, since: int) -> Iterator[tuple[int, list]]:
+        prefix = change_prefix(bucket)
+        with self.db.iterator(start=prefix + _V.pack(since + 1), stop=_prefix_end(prefix)) as it:
+            for k, v in it:
+                yield _V.unpack_from(k, len(prefix))[0], unpackb(v)
+
+    def load_views(self) -> list[dict]:
+        return sorted((unpackb(v) for _, v in self.db.iterator(prefix=b"V")),
+                      key=lambda d: d["slot"])
+
+    def load_buckets(self) -> dict[str, dict]:
+        return {k[1:].decode(): unpackb(v) for k, v in self.db.iterator(prefix=b"B")}
+
+    def has_pending_tags(self, bucket: str) -> bool:
+        with self.db.iterator(prefix=b"T" + bucket.encode() + b"\0", include_value=False) as it:
+            return next(it, None) is not None
+
+    def pending_tags(self) -> Iterator[tuple[str, str, int]]:
+        for k, v in self.db.iterator(prefix=b"T"):
+            b, _, key = k[1:].partition(b"\0")
+            yield b.decode(), key.decode(), unpackb(v)
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with prefix."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    p[-1] += 1
+    return bytes(p)

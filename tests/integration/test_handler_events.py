@@ -1,0 +1,264 @@
+"""The event handler against real MinIO, RabbitMQ and LevelDB: events move objects in and
+out of views; replays and out-of-order events change nothing; poison messages are
+dead-lettered; lazy scan; time-relative rules; API auth, paging, changes and resync."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+
+from delvefs.s3 import presigned_list_url
+from eventhandler.testing import HandlerProcess, Publisher, spec
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def handler(services, service_env, tmp_path):
+    started = []
+
+    def start(state_dir=None, **kw):
+        h = HandlerProcess(service_env, state_dir or tmp_path / f"state{len(started)}", **kw)
+        started.append(h)
+        return h.start()
+
+    yield start
+    pub = Publisher(services.rabbit.url)
+    for h in started:
+        h.close()
+        pub.delete_queue(h.queue)
+    pub.close()
+
+
+@pytest.fixture
+def publisher(services):
+    p = Publisher(services.rabbit.url)
+    yield p
+    p.close()
+
+
+def register(h, s3, views, buckets=None):
+    buckets = buckets or {v["bucket"] for v in views.values()}
+    r = h.register(views, {b: presigned_list_url(s3, b) for b in buckets})
+    assert r.status_code == 200, r.text
+    return {v["name"]: v["id"] for v in r.json()["views"]}
+
+
+def tag(s3, bucket, key, **tags):
+    s3.put_object_tagging(Bucket=bucket, Key=key,
+                          Tagging={"TagSet": [{"Key": k, "Value": v} for k, v in tags.items()]})
+
+
+def test_events_move_objects_in_and_out_of_views(handler, s3, bucket):
+    s3.put_object(Bucket=bucket, Key="pre/existing.fastq", Body=b"x" * 10)  # before the scan
+    s3.put_object(Bucket=bucket, Key="pre/tagged", Body=b"", Tagging="stage=raw")  # tags found by the scan
+    h = handler()
+    ids = register(h, s3, {"fastq": spec(bucket, object="*.fastq"),
+                           "raw": spec(bucket, properties={"stage": ["raw"]}),
+                           "big": spec(bucket, size=[5, None])})
+    assert h.keys(ids["fastq"]) == {"pre/existing.fastq"}
+    wait_until(lambda: h.keys(ids["raw"]) == {"pre/tagged"}, 10, "scan fetched tags")
+    s3.put_object(Bucket=bucket, Key="a b+c.fastq", Body=b"hello")   # URL-encoded in the event
+    s3.put_object(Bucket=bucket, Key="small.txt", Body=b"hi")
+    wait_until(lambda: h.keys(ids["fastq"]) == {"pre/existing.fastq", "a b+c.fastq"}, 10, "create")
+    assert h.keys(ids["big"]) == {"pre/existing.fastq", "a b+c.fastq"}
+    assert h.keys(ids["raw"]) == {"pre/tagged"}
+    s3.delete_object(Bucket=bucket, Key="pre/tagged")
+    tag(s3, bucket, "small.txt", stage="raw")
+    wait_until(lambda: h.keys(ids["raw"]) == {"small.txt"}, 10, "PutTagging moves it in")
+    s3.delete_object_tagging(Bucket=bucket, Key="small.txt")
+    wait_until(lambda: h.keys(ids["raw"]) == set(), 10, "DeleteTagging moves it out")
+    s3.put_object(Bucket=bucket, Key="tagged-on-put.txt", Body=b"x", Tagging="stage=raw")
+    wait_until(lambda: h.keys(ids["raw"]) == {"tagged-on-put.txt"}, 10, "tags given at PUT")
+    s3.copy_object(Bucket=bucket, Key="copy.fastq", CopySource={"Bucket": bucket, "Key": "small.txt"})
+    wait_until(lambda: "copy.fastq" in h.keys(ids["fastq"]), 10, "copy")
+    s3.delete_object(Bucket=bucket, Key="a b+c.fastq")
+    wait_until(lambda: h.keys(ids["fastq"]) == {"pre/existing.fastq", "copy.fastq"}, 10, "delete")
+    # one key's lookup
+    r = h.http.get(f"/v1/objects/{bucket}/tagged-on-put.txt")
+    assert r.status_code == 200 and r.json()["tags"] == {"stage": "raw"}
+    assert r.json()["views"] == [ids["raw"]]
+    assert h.http.get(f"/v1/objects/{bucket}/a b+c.fastq").status_code == 404
+
+
+def test_replayed_and_out_of_order_events_change_nothing(handler, s3, bucket, publisher):
+    h = handler()
+    ids = register(h, s3, {"all": spec(bucket)})
+    base = time.time_ns()
+    publisher.publish("s3:ObjectCreated:Put", bucket, "k", base + 2000, size=2, etag="v2")
+    publisher.publish("s3:ObjectCreated:Put", bucket, "k", base + 1000, size=1, etag="v1")  # late
+    publisher.publish("s3:ObjectCreated:Put", bucket, "gone", base + 1000, size=1, etag="g1")
+    publisher.publish("s3:ObjectRemoved:Delete", bucket, "gone", base + 3000)
+    publisher.publish("s3:ObjectCreated:Put", bucket, "gone", base + 1000, size=1, etag="g1")  # replay
+    publisher.publish("s3:ObjectCreated:Put", bucket, "marker", base + 5000, size=5, etag="m")
+    wait_until(lambda: "marker" in h.keys(ids["all"]), 10, "marker")
+    version, objs = h.list_all(ids["all"])
+    assert set(objs) == {"k", "marker"} and objs["k"]["etag"] == "v2" and objs["k"]["size"] == 2
+    # replay everything again: nothing changes, not even the version
+    publisher.publish("s3:ObjectCreated:Put", bucket, "k", base + 2000, size=2, etag="v2")
+    publisher.publish("s3:ObjectRemoved:Delete", bucket, "gone", base + 3000)
+    publisher.publish("s3:ObjectCreated:Put", bucket, "marker2", base + 6000, size=5, etag="m")
+    wait_until(lambda: "marker2" in h.keys(ids["all"]), 10, "marker2")
+    r = h.http.get(f"/v1/views/{ids['all']}/changes", params={"since": version}).json()
+    assert [(c["op"], c["key"]) for c in r["changes"]] == [("put", "marker2")]
+
+
+def test_poison_message_is_dead_lettered_and_next_event_applies(handler, s3, bucket, publisher):
+    h = handler()
+    ids = register(h, s3, {"all": spec(bucket)})
+    publisher.raw(b"\x00not json", {"minio-bucket": bucket})
+    publisher.raw(b'{"Records": [{"eventName": "s3:ObjectCreated:Put"}]}', {"minio-bucket": bucket})
+    publisher.raw(b'{"Records": "nope"}')
+    publisher.publish("s3:ObjectCreated:Put", bucket, "after-poison", time.time_ns(), size=1, etag="e")
+    wait_until(lambda: h.keys(ids["all"]) == {"after-poison"}, 10, "event after poison")
+    wait_until(lambda: h.metric("delvefs_events_dead_lettered_total") == 3, 5, "dead-letter count")
+    dead = f"{h.queue}.dead"
+    assert publisher.queue_count(dead) == 3
+    assert publisher.queue_count(h.queue) == 0  # no redelivery loop
+    assert h.proc.poll() is None
+
+
+def test_auth_and_proof(handler, s3, bucket):
+    h = handler()
+    r = httpx.post(h.url + "/v1/views", json={"views": []})
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    r = httpx.get(h.url + "/v1/views/0000000000000000/objects", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert httpx.get(h.url + "/healthz").status_code == 200  # no token needed
+    assert "delvefs_events_processed_total" in httpx.get(h.url + "/metrics").text
+    views = {"v": spec(bucket)}
+    r = h.register(views, {})
+    assert r.status_code == 403 and bucket in r.json()["message"]
+    # a presigned URL with wrong credentials: the store says 403, so do we
+    from delvefs.config import S3Settings
+    from delvefs.s3 import make_client
+    settings = S3Settings.from_env()
+    bad = make_client(S3Settings(settings.endpoint_url, settings.access_key, "wrong-secret", settings.region))
+    r = h.register(views, {bucket: presigned_list_url(bad, bucket)})
+    assert r.status_code == 403
+    # a URL pointing elsewhere than the object store is refused without being fetched
+    r = h.register(views, {bucket: f"http://127.0.0.1:1/{bucket}?list-type=2&X-Amz-Signature=x"})
+    assert r.status_code == 403
+    # invalid spec
+    r = h.register({"v": {"bucket": bucket, "size": "nonsense"}}, {bucket: presigned_list_url(s3, bucket)})
+    assert r.status_code == 400
+    ids = register(h, s3, views)
+    ids2 = register(h, s3, {"other-name": spec(bucket)})
+    assert ids["v"] == ids2["other-name"]  # identical specs share one id
+    assert h.http.get("/v1/views/ffffffffffffffff/objects").status_code == 404
+
+
+def test_paging_changes_and_resync(handler, s3, bucket):
+    for i in range(25):
+        s3.put_object(Bucket=bucket, Key=f"k{i:03d}", Body=b"x")
+    h = handler()
+    vid = register(h, s3, {"all": spec(bucket)})["all"]
+    pages, after = [], None
+    while True:
+        params = {"limit": 10, **({"after": after} if after else {})}
+        page = h.http.get(f"/v1/views/{vid}/objects", params=params).json()
+        pages.append([o["key"] for o in page["objects"]])
+        after = page["next"]
+        if not after:
+            break
+    assert [len(p) for p in pages] == [10, 10, 5]
+    assert sum(pages, []) == [f"k{i:03d}" for i in range(25)]  # stable byte order
+    version = page["version"]
+    # long poll: returns as soon as a change exists
+    s3.put_object(Bucket=bucket, Key="new", Body=b"x")
+    r = h.http.get(f"/v1/views/{vid}/changes", params={"since": version, "wait": 10}).json()
+    assert [(c["op"], c["key"]) for c in r["changes"]] == [("put", "new")]
+    assert r["changes"][0]["object"]["size"] == 1
+    v2 = r["version"]
+    s3.delete_object(Bucket=bucket, Key="k000")
+    r = h.http.get(f"/v1/views/{vid}/changes", params={"since": v2, "wait": 10}).json()
+    assert [(c["op"], c["key"], c["object"]) for c in r["changes"]] == [("delete", "k000", None)]
+    # an empty long poll times out with no changes
+    t0 = time.monotonic()
+    r = h.http.get(f"/v1/views/{vid}/changes", params={"since": r["version"], "wait": 0.3}).json()
+    assert r["changes"] == [] and time.monotonic() - t0 >= 0.25
+    # versions from before the view existed, or from the future: resync
+    for since in (0, r["version"] + 1000):
+        resp = h.http.get(f"/v1/views/{vid}/changes", params={"since": since})
+        assert resp.status_code == 410 and resp.json()["error"] == "resync"
+        assert resp.json()["version"] == r["version"]
+    # msgpack listing
+    import msgpack
+    resp = h.http.get(f"/v1/views/{vid}/objects", headers={"Accept": "application/msgpack"})
+    assert resp.headers["content-type"].startswith("application/msgpack")
+    assert len(msgpack.unpackb(resp.content)["objects"]) == 25
+
+
+def test_relative_modified_rule_flips_without_events(handler, s3, bucket):
+    h = handler()
+    ids = register(h, s3, {"fresh": spec(bucket, modified={"kind": "age", "lo": None, "hi": 2.0,
+                                                           "lo_open": False, "hi_open": True}),
+                           "old": spec(bucket, modified={"kind": "age", "lo": 2.0, "hi": None,
+                                                         "lo_open": False, "hi_open": False})})
+    s3.put_object(Bucket=bucket, Key="f", Body=b"x")
+    wait_until(lambda: h.keys(ids["fresh"]) == {"f"}, 10, "fresh")
+    assert h.keys(ids["old"]) == set()
+    _, version = None, h.list_all(ids["fresh"])[0]
+    wait_until(lambda: h.keys(ids["fresh"]) == set() and h.keys(ids["old"]) == {"f"}, 10, "aged out")
+    r = h.http.get(f"/v1/views/{ids['fresh']}/changes", params={"since": version}).json()
+    assert [(c["op"], c["key"]) for c in r["changes"]] == [("delete", "f")]
+
+
+def test_stream_sends_changes_and_resumes(handler, s3, bucket):
+    h = handler()
+    vid = register(h, s3, {"all": spec(bucket)})["all"]
+    version = h.list_all(vid)[0]
+    s3.put_object(Bucket=bucket, Key="s1", Body=b"x")
+    got = []
+    with h.http.stream("GET", f"/v1/views/{vid}/stream", params={"since": version}) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("id: "):
+                got.append(int(line[4:]))
+            if line.startswith("data: "):
+                got.append(line)
+                break
+    assert '"key":"s1"' in got[-1]
+    with h.http.stream("GET", f"/v1/views/{vid}/stream", params={"since": 1}) as resp:
+        lines = []
+        for line in resp.iter_lines():
+            lines.append(line)
+            if line.startswith("data"):
+                break
+    assert lines[0] == "event: resync"
+
+
+def test_new_view_on_tracked_bucket_is_built_from_stored_objects(handler, s3, bucket):
+    h = handler()
+    ids = register(h, s3, {"all": spec(bucket)})
+    s3.put_object(Bucket=bucket, Key="red.txt", Body=b"x", Metadata={"Color": "red"})
+    s3.put_object(Bucket=bucket, Key="blue.txt", Body=b"x", Metadata={"Color": "blue"})
+    s3.put_object(Bucket=bucket, Key="tagged.txt", Body=b"x", Tagging="color=red")
+    wait_until(lambda: len(h.keys(ids["all"])) == 3, 10, "objects known")
+    # a second client, a view with property rules (metadata or tags) on the same bucket
+    ids2 = register(h, s3, {"red": spec(bucket, properties={"color": ["red"]})})
+    assert h.keys(ids2["red"]) == {"red.txt", "tagged.txt"}
+    r = h.http.get(f"/v1/objects/{bucket}/red.txt").json()
+    assert r["metadata"] == {"color": "red"} and sorted(r["views"]) == sorted([ids["all"], ids2["red"]])
+
+
+def test_notify_command_wires_a_bucket(s3, service_env):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from delvefs.s3 import ensure_bucket
+    name = f"n-{uuid.uuid4().hex[:10]}"
+    ensure_bucket(s3, name)
+    out = subprocess.run([str(Path(sys.executable).parent / "delvefs"), "notify", name],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    conf = s3.get_bucket_notification_configuration(Bucket=name)["QueueConfigurations"]
+    assert conf[0]["QueueArn"] == service_env["DELVEFS_NOTIFY_ARN"]
+    assert set(conf[0]["Events"]) == {"s3:ObjectCreated:*", "s3:ObjectRemoved:*"}
+    bad = subprocess.run([str(Path(sys.executable).parent / "delvefs"), "notify", "no-such-bucket-x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "no-such-bucket-x" in bad.stderr
