@@ -17,6 +17,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .engine import bucket_glob_message, bucket_is_glob
+
 log = logging.getLogger("delvefs.eventhandler.api")
 
 MSGPACK = "application/msgpack"
@@ -165,6 +167,8 @@ class Api:
             bucket = v["spec"].get("bucket")
             if not isinstance(bucket, str) or not bucket:
                 raise ApiError(400, "invalid_view", f"view {v['name']!r}: spec.bucket must be a bucket name")
+            if bucket_is_glob(bucket):  # before the proof: a glob has no presigned URL
+                raise ApiError(400, "invalid_view", bucket_glob_message(v["name"], bucket))
             views.append((v["name"], v["spec"]))
         proof = body.get("proof") or {}
         if not isinstance(proof, dict):

@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 
 from rulesets import ObjectInfo, View, compile_views, view_id
+from rulesets.globs import literal_prefix
 
 from delvefs import s3 as s3mod
 
@@ -78,17 +79,33 @@ class BucketState:
 
 
 class ViewInfo:
-    __slots__ = ("id", "slot", "spec", "view", "bucket", "names", "floor", "ready", "created")
+    __slots__ = ("id", "slot", "spec", "view", "bucket", "names", "floor", "ready", "created",
+                 "key_prefix")
 
     def __init__(self, vid, slot, spec, view, names, floor, ready, created):
         self.id, self.slot, self.spec, self.view = vid, slot, spec, view
         self.bucket = view.bucket
+        # every member's key starts with this: a listing reads only that key range
+        self.key_prefix = literal_prefix(view.object) if view.object else ""
         self.names, self.floor, self.ready, self.created = names, floor, ready, created
 
     def record(self) -> bytes:
         return packb({"id": self.id, "slot": self.slot, "spec": self.spec,
                       "names": sorted(self.names), "floor": self.floor, "ready": self.ready,
                       "created": self.created})
+
+
+_GLOB_CHARS = frozenset("*?[\\")
+
+
+def bucket_is_glob(bucket: str) -> bool:
+    """True for a ``bucket`` rule that is a glob (e.g. ``runs-*``): not served yet."""
+    return any(c in _GLOB_CHARS for c in bucket)
+
+
+def bucket_glob_message(name: str, bucket: str) -> str:
+    return (f"view {name!r}: bucket {bucket!r}: bucket globs are not supported by this handler "
+            "yet: name the bucket")
 
 
 def _bucket_base_version() -> int:
@@ -119,6 +136,8 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self._tag_results: queue.SimpleQueue = queue.SimpleQueue()
         self._tag_ticket: dict[tuple[str, str], int] = {}
+        # (bucket, key) -> seq of fetches that failed; retried by the next reconcile
+        self._tag_failed: dict[tuple[str, str], int] = {}
         self._flip_heap: list = []
         self._flip_at: dict[tuple[str, str], float] = {}
         self._flip_cond = threading.Condition()
@@ -238,6 +257,8 @@ class Engine:
                 raise ValueError(f"view {name!r}: invalid spec: {exc}") from None
             if not isinstance(view.bucket, str) or not view.bucket:
                 raise ValueError(f"view {name!r}: bucket must be a non-empty string")
+            if bucket_is_glob(view.bucket):
+                raise ValueError(bucket_glob_message(name, view.bucket))
             parsed.append((name, view, canonical))
         out = []
         with self.lock:
@@ -473,6 +494,8 @@ class Engine:
             meta = s3mod.head_object_metadata(self.s3, bucket, key) if need_meta and tags is not None else None
         except Exception as exc:
             log.warning("tags of %s/%s: %s (kept pending until a restart or reconcile)", bucket, key, exc)
+            if self._tag_ticket.get((bucket, key)) == ticket:  # the newest fetch failed
+                self._tag_failed[(bucket, key)] = seq
             return
         self._tag_results.put((bucket, key, seq, ticket, tags, meta))
 
@@ -503,6 +526,7 @@ class Engine:
                 if self._tag_ticket.get(k) != ticket or bucket not in self.buckets:
                     continue  # a later fetch for this key is under way (or bucket forgotten)
                 del self._tag_ticket[k]
+                self._tag_failed.pop(k, None)
                 w = work.get(k)
                 rec = w[1] if w else self.store.get_object(bucket, key)
                 if rec is None or rec[OBJ_SEQ] != seq or rec[OBJ_FLAGS] & DELETED \
@@ -621,6 +645,8 @@ class Engine:
             self._scan_apply(bucket, listed, prev_last, last, cutoff, initial, counts)
             prev_last = last
         self._scan_apply(bucket, {}, prev_last, None, cutoff, initial, counts)
+        if not initial:
+            counts["tags_retried"] = self._retry_failed_tags(bucket)
         bs = self.buckets[bucket]
         while initial and bs.rematch_needed and not self._stop.is_set():
             bs.rematch_needed = False
@@ -652,6 +678,24 @@ class Engine:
                 self.store.write(wb)
         self.metrics.repaired.inc(counts["repaired"] + counts["removed"])
         return counts
+
+    def _retry_failed_tags(self, bucket: str) -> int:
+        """Fetch again the pending tags of ``bucket`` whose last fetch failed (or that no
+        fetch serves any more); returns how many fetches were started."""
+        n = 0
+        with self.lock:  # tickets are handed out under the lock (as by _finalize)
+            for b, key, _seq in self.store.pending_tags(bucket.encode()):
+                k = (b, key)
+                if self._tag_failed.pop(k, None) is None and k in self._tag_ticket:
+                    continue  # a fetch is under way
+                rec = self.store.get_object(b, key)
+                if rec is None or not rec[OBJ_FLAGS] & TAGS_PENDING:
+                    continue
+                self._fetch_tags(b, key, rec[OBJ_SEQ], need_meta=rec[OBJ_META] is None)
+                n += 1
+        if n:
+            log.info("reconcile of %s: fetching the tags of %d objects again", bucket, n)
+        return n
 
     def _scan_apply(self, bucket, listed, prev_last, last, cutoff, initial, counts) -> None:
         needs = bucket in self.tag_buckets
@@ -791,12 +835,13 @@ class Engine:
                 "views": [infos[s].id for s in slots_of(rec[OBJ_SLOTS])]}
 
     def list_view(self, info: ViewInfo, after: str | None, limit: int) -> dict:
-        """One page of a view: the bucket's objects whose slots hold the view's, in key order."""
+        """One page of a view: the bucket's objects whose slots hold the view's, in key order
+        (only the key range of the view's literal ``object`` prefix is read)."""
         version = self.buckets[info.bucket].committed
         slot = info.slot
         objects = []
         more = False
-        for key, rec in self.store.iter_objects(info.bucket, after=after):
+        for key, rec in self.store.iter_objects(info.bucket, after=after, key_prefix=info.key_prefix):
             if bits_has(rec[OBJ_SLOTS], slot):
                 if len(objects) >= limit:
                     more = True

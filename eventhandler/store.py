@@ -37,7 +37,9 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
   ``ever`` = bitmap union of all slots the key was in since it was first seen (so a change
   entry can tell a view "this key left you"). Slots are never reused (views are not removed).
   A view's listing is the bucket's ``o`` records whose ``slots`` hold its slot (no per-view
-  index: an event then costs O(1) writes however many views match; see docs/PERFORMANCE.md).
+  index: an event then costs O(1) writes however many views match; see docs/PERFORMANCE.md);
+  only the key range of the literal prefix of the view's ``object`` glob is read (every
+  member starts with it), so a view carved out of a huge bucket by prefix lists fast.
 - ``lv`` = version of the key's one change-log entry (0 = none): the log holds at most one
   entry per key (the newest); writing a new entry deletes ``c bucket v=lv``. Entry versions
   are the bucket's ``version`` counter, strictly increasing, starting at the epoch time in
@@ -177,15 +179,30 @@ class Store:
         return self.db.get(k)
 
     def iter_objects(self, bucket: str, after: str | None = None,
-                     upto: str | None = None) -> Iterator[tuple[str, list]]:
-        """(key, record) of a bucket in key order: after < key <= upto."""
+                     upto: str | None = None, key_prefix: str = "") -> Iterator[tuple[str, list]]:
+        """(key, record) of a bucket in key order: after < key <= upto, and (when given) key
+        starts with ``key_prefix`` — only that key range of LevelDB is read."""
         prefix = obj_prefix(bucket)
+        n = len(prefix)
+        if key_prefix:
+            kp = prefix + key_prefix.encode()
+            if after is not None and prefix + after.encode() >= kp:
+                start, include_start = prefix + after.encode(), False
+            else:
+                start, include_start = kp, True
+            stop = _prefix_end(kp)
+            if upto is not None:
+                stop = min(stop, prefix + upto.encode() + b"\0")  # key <= upto
+            it = self.db.iterator(start=start, stop=stop, include_start=include_start)
+            with it:
+                for k, v in it:
+                    yield k[n:].decode(), unpackb(v)
+            return
         start = prefix + after.encode() if after is not None else prefix
         stop = prefix + upto.encode() if upto is not None else None
         it = self.db.iterator(start=start, stop=stop, include_stop=True,
                               include_start=after is None) if stop is not None else \
             self.db.iterator(start=start, include_start=after is None, stop=_prefix_end(prefix))
-        n = len(prefix)
         with it:
             for k, v in it:
                 yield k[n:].decode(), unpackb(v)
@@ -207,8 +224,10 @@ class Store:
         with self.db.iterator(prefix=b"T" + bucket.encode() + b"\0", include_value=False) as it:
             return next(it, None) is not None
 
-    def pending_tags(self) -> Iterator[tuple[str, str, int]]:
-        for k, v in self.db.iterator(prefix=b"T"):
+    def pending_tags(self, bucket: bytes | None = None) -> Iterator[tuple[str, str, int]]:
+        """(bucket, key, seq) of owed tag fetches (of one bucket when given, UTF-8)."""
+        prefix = b"T" if bucket is None else b"T" + bucket + b"\0"
+        for k, v in self.db.iterator(prefix=prefix):
             b, _, key = k[1:].partition(b"\0")
             yield b.decode(), key.decode(), unpackb(v)
 

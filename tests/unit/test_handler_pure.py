@@ -118,3 +118,27 @@ def test_store_iterators(tmp_path):
         db.put(b"Sschema", st.packb(99))
         db.close()
         st.Store(str(tmp_path / "db"))
+
+
+def test_store_iterates_only_a_key_prefix(tmp_path):
+    s = st.Store(str(tmp_path / "db"))
+    try:
+        wb = s.batch()
+        for key in ("a", "run/", "run/1", "run/2/x", "run0", "rum", "z", "ü/1"):
+            wb.put(st.k_obj("bk", key), st.packb(st.new_object(1, 1, 1.0, key, None, {})))
+        wb.put(st.k_obj("bk2", "run/9"), st.packb(st.new_object(1, 1, 1.0, "other", None, {})))
+        s.write(wb)
+
+        def keys(**kw):
+            return [k for k, _ in s.iter_objects("bk", **kw)]
+        assert keys(key_prefix="run/") == ["run/", "run/1", "run/2/x"]
+        assert keys(key_prefix="run/", after="run/") == ["run/1", "run/2/x"]
+        assert keys(key_prefix="run/", after="run/1") == ["run/2/x"]
+        assert keys(key_prefix="run/", after="a") == ["run/", "run/1", "run/2/x"]  # after < prefix
+        assert keys(key_prefix="run/", after="run0") == []                       # after > range
+        assert keys(key_prefix="run") == ["run/", "run/1", "run/2/x", "run0"]
+        assert keys(key_prefix="ü") == ["ü/1"]
+        assert keys(key_prefix="nothing") == []
+        assert keys(key_prefix="") == keys()
+    finally:
+        s.close()
