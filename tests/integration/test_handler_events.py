@@ -212,10 +212,13 @@ def test_stream_sends_changes_and_resumes(handler, s3, bucket):
     vid = register(h, s3, {"all": spec(bucket)})["all"]
     version = h.list_all(vid)[0]
     s3.put_object(Bucket=bucket, Key="s1", Body=b"x")
+    # Keepalives every 15 s keep a read timeout from firing: bound the wait ourselves.
+    deadline = time.monotonic() + 60
     got = []
     with h.http.stream("GET", f"/v1/views/{vid}/stream", params={"since": version}) as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
         for line in resp.iter_lines():
+            assert time.monotonic() < deadline, f"no change on the stream after 60 s: {got}"
             if line.startswith("id: "):
                 got.append(int(line[4:]))
             if line.startswith("data: "):
@@ -225,6 +228,7 @@ def test_stream_sends_changes_and_resumes(handler, s3, bucket):
     with h.http.stream("GET", f"/v1/views/{vid}/stream", params={"since": 1}) as resp:
         lines = []
         for line in resp.iter_lines():
+            assert time.monotonic() < deadline, f"no resync on the stream: {lines}"
             lines.append(line)
             if line.startswith("data"):
                 break
