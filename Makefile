@@ -1,5 +1,5 @@
 # The two commands of the README. Both bootstrap first (idempotent, see scripts/bootstrap.sh).
-.PHONY: demo test bootstrap unit services bench clean
+.PHONY: demo test bootstrap unit services clean
 
 PY := .venv/bin/python
 
@@ -19,8 +19,7 @@ unit: bootstrap
 services: bootstrap
 	$(PY) -m delvefs.localservices
 
-bench: bootstrap
-	$(PY) -m benchmarks
+# Benchmarks are run one by one: docs/PERFORMANCE.md lists their commands.
 
 clean:
 	rm -rf build *.egg-info rulesets/_native*.so
