@@ -8,8 +8,17 @@ a one-line ``delvefs mount: ...`` error, exit status 1 and nothing left mounted.
 
 ``serve`` wires the parts inside one AsyncExitStack and one nursery, in this order, and
 tears them down in reverse: handler client -> S3 store -> data cache -> core (views
-registered with the handler) -> FUSE adapter (mounted) -> tasks (invalidation notifier,
-view prefetch, signal watcher, the FUSE request loop).
+registered with the handler while the buckets are checked) -> FUSE adapter (mounted) ->
+tasks (invalidation notifier, view prefetch, signal watcher, the FUSE request loop).
+
+Time to ready is mostly process start, so nothing is done before it that can wait: with
+an endpoint and static keys in the environment, the ListObjectsV2 proofs for the handler
+are presigned without botocore and each bucket is checked by GETting its proof (an
+unreachable store, a missing bucket or refused credentials still fail the mount); the
+boto3 client (~0.3 s of CPU for importing boto3 and loading botocore's models) is made in
+a worker thread shortly after the mount is ready, or by the first S3 request if that comes
+earlier. Otherwise (credentials from a profile or a role) the client is made first, as
+the proofs need it.
 
 Write path: dirty files journaled by an earlier (killed) mount of the same cache dir are
 recovered and uploaded by the core's background uploader; when the request loop ends
@@ -135,44 +144,34 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
 
     from . import fuse_adapter, s3
     from .cache import DataCache
+    from .config import S3Settings
     from .fs.core import FileSystem
     from .fs.store import S3Store, StoreError
-    from .handler_client import HandlerClient, HandlerError
+    from .handler_client import HandlerClient, HandlerError, HandlerUnavailable
+
+    settings = S3Settings.from_env()
+    buckets = sorted({v.bucket for v in views})
+    make_client = functools.partial(s3.make_client, settings, retries=S3_ATTEMPTS,
+                                    connect_timeout=S3_CONNECT_TIMEOUT, read_timeout=S3_READ_TIMEOUT)
+    # with an endpoint and static keys, the proofs are presigned without botocore and the
+    # buckets checked with them: boto3 (~0.3 s of CPU) is loaded after the mount is ready
+    proofs = {b: s3.presign_list_url(settings, b) for b in buckets}
+    lazy = all(proofs.values())
 
     async with contextlib.AsyncExitStack() as stack:
         handler = HandlerClient(handler_url, token)
         stack.push_async_callback(handler.aclose)
-        made: dict = {}
-
-        async def make_client():  # botocore loads its models meanwhile (~0.3 s of CPU)
+        if lazy:
+            store = S3Store(make_client)
+        else:
             try:
-                made["client"] = await trio.to_thread.run_sync(functools.partial(
-                    s3.make_client, retries=S3_ATTEMPTS, connect_timeout=S3_CONNECT_TIMEOUT,
-                    read_timeout=S3_READ_TIMEOUT))
-            except Exception as exc:  # noqa: BLE001 — reported below
-                made["error"] = exc
-
-        async def check_handler():
-            try:
-                await handler.health()
-            except HandlerError as exc:
-                made["handler_error"] = exc
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(make_client)
-            nursery.start_soon(check_handler)
-        if "handler_error" in made:
-            raise MountError(f"cannot reach the event handler at {handler_url}: {made['handler_error']}")
-        if "error" in made:
-            raise MountError(f"S3 client: {made['error']}")
-        client = made["client"]
-        store = S3Store(client)
+                store = S3Store(await trio.to_thread.run_sync(make_client))
+            except Exception as exc:  # noqa: BLE001
+                raise MountError(f"S3 client: {exc}") from None
+            proofs = {b: await trio.to_thread.run_sync(s3.presigned_list_url, store.client, b)
+                      for b in buckets}
         stack.callback(store.close)
-        for bucket in sorted({v.bucket for v in views}):
-            try:
-                await store.check_bucket(bucket)
-            except StoreError as exc:
-                endpoint = client.meta.endpoint_url
-                raise MountError(f"S3 bucket {bucket} at {endpoint}: {exc}") from None
+        endpoint = settings.endpoint_url or store.client.meta.endpoint_url
 
         cache = DataCache(cache_dir, cache_size)
         with contextlib.suppress(FileNotFoundError):
@@ -180,13 +179,33 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
         notifier = fuse_adapter.Notifier()
         core = FileSystem(views, handler, store, cache, notifier=notifier)
         stack.callback(core.close)
-        proofs = {}
-        for bucket in sorted({v.bucket for v in views}):
-            proofs[bucket] = await trio.to_thread.run_sync(s3.presigned_list_url, client, bucket)
-        try:
-            await core.register(f"{socket.gethostname()}:{os.getpid()}:{mountpoint}", proofs)
-        except HandlerError as exc:
-            raise MountError(f"the event handler refused the views: {exc}") from None
+
+        errors: dict = {}
+
+        async def check_buckets():
+            for bucket in buckets:
+                try:
+                    if lazy:
+                        await _check_bucket(proofs[bucket])
+                    else:
+                        await store.check_bucket(bucket)
+                except StoreError as exc:
+                    errors.setdefault("s3", f"S3 bucket {bucket} at {endpoint}: {exc}")
+                    return
+
+        async def register():
+            try:
+                await core.register(f"{socket.gethostname()}:{os.getpid()}:{mountpoint}", proofs)
+            except HandlerUnavailable as exc:
+                errors["handler"] = f"cannot reach the event handler at {handler_url}: {exc}"
+            except HandlerError as exc:
+                errors["refused"] = f"the event handler refused the views: {exc}"
+        async with trio.open_nursery() as nursery:  # both at once: one round trip each
+            nursery.start_soon(check_buckets)
+            nursery.start_soon(register)
+        for what in ("handler", "s3", "refused"):
+            if what in errors:
+                raise MountError(errors[what])
         if cache.recovered:
             log.info("%d dirty files in the journal of %s: uploading them", len(cache.recovered), cache_dir)
         core.recover()
@@ -230,7 +249,50 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             await trio.to_thread.run_sync(os.stat, mountpoint)
             nursery.start_soon(core.prefetch)
             ready()
+            if lazy:
+                nursery.start_soon(_warm, store)
         log.info("unmounted %s", mountpoint)
+
+
+async def _warm(store) -> None:
+    """Make the S3 client in the background once the mount is ready (after a moment, so
+    that a first ``ls`` does not share the GIL with botocore); a first read makes it
+    itself if it comes earlier."""
+    import trio
+    await trio.sleep(0.5)
+    await store.warm()
+
+
+async def _check_bucket(url: str) -> None:
+    """GET a presigned ListObjectsV2 URL (max-keys=0): the bucket exists, the store
+    answers and these credentials may list it. Raises StoreError."""
+    import errno
+
+    import httpx
+    import trio
+
+    from .fs.store import StoreError
+    https = url.startswith("https:")
+    verify = (os.environ.get("AWS_CA_BUNDLE") or True) if https else False
+    async with httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(
+            S3_READ_TIMEOUT, connect=S3_CONNECT_TIMEOUT)) as http:
+        for attempt in range(S3_ATTEMPTS):
+            try:
+                resp = await http.get(url)
+                break
+            except httpx.HTTPError as exc:
+                if attempt == S3_ATTEMPTS - 1:
+                    raise StoreError(errno.EIO, f"{type(exc).__name__}: {exc}") from None
+                await trio.sleep(0.1 * 2 ** attempt)
+    if resp.status_code == 200:
+        return
+    code = re.search(r"<Code>([^<]*)</Code>", resp.text)
+    code = code.group(1) if code else f"HTTP {resp.status_code}"
+    if resp.status_code == 404:
+        raise StoreError(errno.ENOENT, f"no such bucket ({code})")
+    if resp.status_code == 403:
+        raise StoreError(errno.EACCES, f"access denied ({code})")
+    raise StoreError(errno.EIO, code)
 
 
 # ----------------------------------------------------------------- commands

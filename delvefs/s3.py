@@ -1,12 +1,19 @@
 """The one module that talks to S3 (boto3). Synchronous by design: the trio
 client calls it through ``trio.to_thread.run_sync`` with a limiter, the handler
 from its worker threads. Callers never import boto3 themselves.
+
+boto3/botocore are imported on first use (``make_client``; ``ClientError`` and
+``EndpointConnectionError`` are still importable from here): importing them and building
+a client costs ~0.3 s of CPU, which a mount keeps off its way to "ready" — it presigns
+its ListObjectsV2 proofs with :func:`presign_list_url` (SigV4, standard library only).
 """
 from __future__ import annotations
 
-import boto3
-import botocore.config
-from botocore.exceptions import ClientError, EndpointConnectionError  # noqa: F401  (re-exported)
+import datetime
+import hashlib
+import hmac
+import sys
+import urllib.parse
 
 from .config import S3Settings
 
@@ -16,6 +23,9 @@ S3_EVENTS = ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
 def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retries: int = 3,
                 connect_timeout: float = 5, read_timeout: float = 60):
     """A boto3 S3 client for ``settings`` (default: from the environment)."""
+    import boto3
+    import botocore.config
+
     settings = settings or S3Settings.from_env()
     return boto3.client(
         "s3",
@@ -34,15 +44,25 @@ def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retri
     )
 
 
+def __getattr__(name: str):
+    # ``s3.ClientError`` / ``s3.EndpointConnectionError`` (re-exported), imported on first use
+    if name in ("ClientError", "EndpointConnectionError"):
+        import botocore.exceptions
+        return getattr(botocore.exceptions, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def error_code(exc: BaseException) -> str | None:
     """The S3 error code of a botocore ClientError (e.g. 'NoSuchKey'), else None."""
-    if isinstance(exc, ClientError):
+    exceptions = sys.modules.get("botocore.exceptions")  # no botocore loaded: no ClientError
+    if exceptions is not None and isinstance(exc, exceptions.ClientError):
         return exc.response.get("Error", {}).get("Code")
     return None
 
 
 def ensure_bucket(client, bucket: str) -> None:
     """Create ``bucket`` unless it exists already."""
+    from botocore.exceptions import ClientError
     try:
         client.create_bucket(Bucket=bucket)
     except ClientError as exc:
@@ -69,6 +89,41 @@ def presigned_list_url(client, bucket: str, expires: int = 300) -> str:
     handler, that these credentials may list the bucket (docs/API.md, POST /v1/views)."""
     return client.generate_presigned_url(
         "list_objects_v2", Params={"Bucket": bucket, "MaxKeys": 0}, ExpiresIn=expires)
+
+
+def presign_list_url(settings: S3Settings, bucket: str, expires: int = 300,
+                     now: datetime.datetime | None = None) -> str | None:
+    """The same proof as :func:`presigned_list_url` (path-style, SigV4 query signature)
+    without botocore: from ``settings`` alone. None when the settings lack an endpoint or
+    static keys (credentials from a profile, a role, ...): then ask boto3."""
+    if not (settings.endpoint_url and settings.access_key and settings.secret_key):
+        return None
+    ep = urllib.parse.urlsplit(settings.endpoint_url)
+    if ep.scheme not in ("http", "https") or not ep.netloc or ep.query:
+        return None
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    region = settings.region
+    scope = f"{day}/{region}/s3/aws4_request"
+    host = ep.netloc
+    if (ep.scheme, ep.port) in (("http", 80), ("https", 443)):
+        host = ep.hostname if ":" not in (ep.hostname or "") else f"[{ep.hostname}]"
+    path = ep.path.rstrip("/") + "/" + urllib.parse.quote(bucket, safe="-_.~")
+    params = {"list-type": "2", "max-keys": "0", "encoding-type": "url", "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
+              "X-Amz-Credential": f"{settings.access_key}/{scope}", "X-Amz-Date": amz_date,
+              "X-Amz-Expires": str(int(expires)), "X-Amz-SignedHeaders": "host"}
+    query = "&".join(f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+                     for k, v in sorted(params.items()))
+    canonical = f"GET\n{path}\n{query}\nhost:{host}\n\nhost\nUNSIGNED-PAYLOAD"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + settings.secret_key).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    base = urllib.parse.urlunsplit((ep.scheme, ep.netloc, path, "", ""))
+    return f"{base}?{query}&X-Amz-Signature={signature}"
 
 
 def head_object(client, bucket: str, key: str) -> dict:
@@ -178,6 +233,7 @@ def list_pages(client, bucket: str, page_size: int = 1000):
 
 def get_object_tags(client, bucket: str, key: str) -> dict[str, str] | None:
     """The object's tags, or None when the object does not exist (any more)."""
+    from botocore.exceptions import ClientError
     try:
         resp = client.get_object_tagging(Bucket=bucket, Key=key)
     except ClientError as exc:
@@ -189,6 +245,7 @@ def get_object_tags(client, bucket: str, key: str) -> dict[str, str] | None:
 
 def head_object_metadata(client, bucket: str, key: str) -> dict[str, str] | None:
     """The object's user metadata (keys without x-amz-meta-, lowercased), or None if absent."""
+    from botocore.exceptions import ClientError
     try:
         resp = client.head_object(Bucket=bucket, Key=key)
     except ClientError as exc:

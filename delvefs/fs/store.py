@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 import time
 
 import trio
@@ -46,39 +47,85 @@ def _map(exc: BaseException, what: str) -> StoreError:
     return StoreError(errno.EIO, f"{what}: {type(exc).__name__}: {exc}")
 
 
+CLIENT = object()   # placeholders in S3Store._call's arguments
+MANAGER = object()
+
+
 class S3Store:
+    """``client`` is a boto3 client, or a function that makes one: then it is made on first
+    use (or by ``warm``) in a worker thread, so a mount need not wait for botocore."""
+
     def __init__(self, client, *, threads: int = 32, part_size: int = 8 * 1024 * 1024,
                  part_concurrency: int = 10):
-        self.client = client
+        self._factory = client if callable(client) and not hasattr(client, "meta") else None
+        self._client = None if self._factory is not None else client
+        self._manager = None
+        self._made = threading.Lock()
         self.limiter = trio.CapacityLimiter(threads)
         self._downloads = trio.CapacityLimiter(4)  # whole-object transfers at once
-        self.manager = s3.make_transfer_manager(client, part_size=part_size,
-                                                concurrency=part_concurrency)
         self.part_size = part_size
+        self.part_concurrency = part_concurrency
         self._copier = None
         self._uploads = trio.CapacityLimiter(4)  # whole-object uploads at once
+        if self._client is not None:
+            self._make()
+
+    def _make(self):
+        """The client and transfer manager (made once; any thread)."""
+        with self._made:
+            if self._manager is None:
+                if self._client is None:
+                    self._client = self._factory()
+                self._manager = s3.make_transfer_manager(self._client, part_size=self.part_size,
+                                                         concurrency=self.part_concurrency)
+            return self._client
+
+    @property
+    def client(self):
+        return self._client if self._manager is not None else self._make()
+
+    @property
+    def manager(self):
+        if self._manager is None:
+            self._make()
+        return self._manager
+
+    async def warm(self) -> None:
+        """Make the client now (in a worker thread); errors show at its first use."""
+        try:
+            await trio.to_thread.run_sync(self._make)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("S3 client: %s", exc)
 
     def close(self) -> None:
-        self.manager.shutdown()
+        if self._manager is not None:
+            self._manager.shutdown()
         if self._copier is not None:
             self._copier.shutdown()
 
     async def _call(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` in a worker thread; ``CLIENT`` / ``MANAGER`` in args
+        stand for the client and the transfer manager (made there on first use)."""
+        def run():
+            if self._manager is None:
+                self._make()
+            return fn(*(self._client if a is CLIENT else self._manager if a is MANAGER else a
+                        for a in args), **kwargs)
         try:
-            return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs), limiter=self.limiter)
+            return await trio.to_thread.run_sync(run, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
             raise _map(exc, what) from exc
 
     async def head(self, bucket: str, key: str) -> dict:
-        return await self._call(f"HEAD {bucket}/{key}", s3.head_object, self.client, bucket, key)
+        return await self._call(f"HEAD {bucket}/{key}", s3.head_object, CLIENT, bucket, key)
 
     async def tags(self, bucket: str, key: str) -> dict[str, str]:
         return await self._call(f"GetObjectTagging {bucket}/{key}", s3.get_object_tags,
-                                self.client, bucket, key)
+                                CLIENT, bucket, key)
 
     async def download(self, bucket: str, key: str, filename: str, *, etag: str, size: int) -> None:
         async with self._downloads:
-            await self._call(f"GET {bucket}/{key}", s3.download_object, self.manager, bucket, key,
+            await self._call(f"GET {bucket}/{key}", s3.download_object, MANAGER, bucket, key,
                              filename, etag=etag, size=size)
 
     async def upload(self, bucket: str, key: str, filename: str, *, size: int,
@@ -89,10 +136,10 @@ class S3Store:
         started = time.monotonic()
         async with self._uploads:
             if size < self.part_size:
-                etag = await self._call(what, s3.put_file, self.client, bucket, key, filename,
+                etag = await self._call(what, s3.put_file, CLIENT, bucket, key, filename,
                                         tags=tags, content_type=content_type)
                 return {"etag": etag, "size": size, "mtime": None}
-            await self._call(what, s3.upload_file, self.manager, bucket, key, filename,
+            await self._call(what, s3.upload_file, MANAGER, bucket, key, filename,
                              tags=tags, content_type=content_type)
         info = await self.head(bucket, key)
         took = time.monotonic() - started
@@ -102,18 +149,20 @@ class S3Store:
 
     async def copy(self, bucket: str, key: str, src_bucket: str, src_key: str) -> dict:
         """Server-side copy (tags and metadata carried over); the new object's HEAD."""
-        if self._copier is None:
-            self._copier = s3.make_copy_manager(self.client)
-        await self._call(f"COPY {src_bucket}/{src_key} to {bucket}/{key}", s3.copy_object,
-                         self._copier, bucket, key, src_bucket, src_key)
+        def copy(client):
+            with self._made:
+                if self._copier is None:
+                    self._copier = s3.make_copy_manager(client)
+            s3.copy_object(self._copier, bucket, key, src_bucket, src_key)
+        await self._call(f"COPY {src_bucket}/{src_key} to {bucket}/{key}", copy, CLIENT)
         return await self.head(bucket, key)
 
     async def delete(self, bucket: str, key: str) -> None:
-        await self._call(f"DELETE {bucket}/{key}", s3.delete_object, self.client, bucket, key)
+        await self._call(f"DELETE {bucket}/{key}", s3.delete_object, CLIENT, bucket, key)
 
     async def put_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
-        await self._call(f"PutObjectTagging {bucket}/{key}", s3.put_object_tags, self.client,
+        await self._call(f"PutObjectTagging {bucket}/{key}", s3.put_object_tags, CLIENT,
                          bucket, key, tags)
 
     async def check_bucket(self, bucket: str) -> None:
-        await self._call(f"bucket {bucket}", self.client.head_bucket, Bucket=bucket)
+        await self._call(f"bucket {bucket}", lambda c: c.head_bucket(Bucket=bucket), CLIENT)

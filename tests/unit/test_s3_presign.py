@@ -1,0 +1,28 @@
+"""``delvefs.s3.presign_list_url`` (SigV4 without botocore) signs exactly like boto3."""
+import datetime
+import urllib.parse
+
+import pytest
+
+from delvefs import s3
+from delvefs.config import S3Settings
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9000", "https://s3.example.org",
+                                      "http://minio:80", "https://h.example:8443/", "http://[::1]:9000"])
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-2"])
+@pytest.mark.parametrize("bucket", ["bench-many", "a.b-c"])
+def test_presign_matches_boto3(endpoint, region, bucket):
+    settings = S3Settings(endpoint, "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", region)
+    url = s3.presigned_list_url(s3.make_client(settings), bucket)
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    when = datetime.datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(
+        tzinfo=datetime.timezone.utc)
+    ours = s3.presign_list_url(settings, bucket, now=when)
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(ours).query) == query
+    assert urllib.parse.urlsplit(ours)[:3] == urllib.parse.urlsplit(url)[:3]
+
+
+def test_presign_needs_endpoint_and_static_keys():
+    assert s3.presign_list_url(S3Settings(None, "a", "b", "us-east-1"), "x") is None
+    assert s3.presign_list_url(S3Settings("http://h:1", None, None, "us-east-1"), "x") is None
