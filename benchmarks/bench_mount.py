@@ -41,6 +41,19 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def run_parts(parts, only: str | None, res: dict) -> None:
+    """Run each (name, fn) of ``parts`` (only those named in ``only``, comma-separated);
+    a part that fails is recorded in ``res`` and the others still run."""
+    for name, part in parts:
+        if only and name not in only.split(","):
+            continue
+        try:
+            part()
+        except Exception as exc:  # noqa: BLE001 — record it, go on with the others
+            log(f"{name} failed: {exc}")
+            res[f"{name}_error"] = str(exc)
+
+
 def timed(fn, *a, **kw):
     t = time.perf_counter()
     out = fn(*a, **kw)
@@ -330,14 +343,7 @@ def main(argv=None) -> int:
             if not args.skip_others:
                 parts += [("s3fs", lambda: bench_s3fs(env, work, args.objects, res)),
                           ("rclone", lambda: bench_rclone(env, work, args.objects, res))]
-            for name, part in parts:
-                if args.only and name not in args.only.split(","):
-                    continue
-                try:
-                    part()
-                except Exception as exc:  # noqa: BLE001 — record it, go on with the others
-                    log(f"{name} failed: {exc}")
-                    res[f"{name}_error"] = str(exc)
+            run_parts(parts, args.only, res)
         finally:
             handler.close()
     RESULTS.mkdir(exist_ok=True)

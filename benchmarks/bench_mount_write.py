@@ -26,7 +26,7 @@ from delvefs.localservices import LocalServices
 from delvefs.mount import mounted_fstype
 from delvefs.s3 import ensure_bucket, make_client, wire_notifications
 
-from .bench_mount import BASE, DELVEFS, RESULTS, log, wait_for
+from .bench_mount import BASE, DELVEFS, RESULTS, log, run_parts, wait_for
 
 BUCKET = "bench-write"
 
@@ -189,14 +189,7 @@ def main(argv=None) -> int:
                      ("delvefs", lambda: bench_delvefs(env, work, handler.url, src, args.files, res, client))]
             if not args.skip_s3fs:
                 parts.append(("s3fs", lambda: bench_s3fs(env, work, src, args.files, res)))
-            for name, part in parts:
-                if args.only and name not in args.only.split(","):
-                    continue
-                try:
-                    part()
-                except Exception as exc:  # noqa: BLE001 — record it, go on with the others
-                    log(f"{name} failed: {exc}")
-                    res[f"{name}_error"] = str(exc)
+            run_parts(parts, args.only, res)
         finally:
             handler.close()
             clear_bucket(client)
