@@ -305,7 +305,7 @@ def _setup_logging() -> None:
     logging.getLogger("botocore").setLevel(logging.WARNING)
 
 
-def _foreground(args, views, mountpoint: str, cache_dir: Path, cache_size) -> int:
+def _foreground(args, mountpoint: str, cache_dir: Path, cache_size) -> int:
     import trio
 
     from .config import handler_token, handler_url
@@ -329,6 +329,7 @@ def _foreground(args, views, mountpoint: str, cache_dir: Path, cache_size) -> in
         tell("OK")
 
     try:
+        views = _load_views(args.views)
         trio.run(serve, views, mountpoint, cache_dir, cache_size, handler_url(args.handler),
                  handler_token(), ready)
     except MountError as exc:
@@ -354,7 +355,6 @@ def run_mount(args) -> int:
         _check_mountpoint(mountpoint)
         # the daemon validates the views (and says what is wrong through the pipe): the
         # parent stays light, so "mount returns when ready" is mostly the daemon's start
-        views = _load_views(args.views) if args.foreground else None
         cache_size = parse_cache_size(args.cache_size)
         cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else default_cache_dir(mountpoint)
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -366,7 +366,7 @@ def run_mount(args) -> int:
         return 1
     if args.foreground:
         _setup_logging()
-        return _foreground(args, views, mountpoint, cache_dir, cache_size)
+        return _foreground(args, mountpoint, cache_dir, cache_size)
     return _daemonize(args, mountpoint, cache_dir)
 
 
