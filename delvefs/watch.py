@@ -47,6 +47,10 @@ class WatchError(Exception):
     """Something the user must fix (not a view directory, mount gone): one line, exit 1."""
 
 
+class Resync(Exception):
+    """The handler's change log no longer reaches back to our version: list again."""
+
+
 @dataclass(frozen=True)
 class ViewInfo:
     id: str
@@ -115,20 +119,14 @@ class Watcher:
             self.out.write(f"{self.view_dir / rel}\n")
         self.out.flush()
 
-    def apply(self, changes: list[dict]) -> None:
-        appeared = []
-        for change in changes:
-            key = change["key"]
-            if change["op"] == "put":
-                if key not in self.present:
-                    self.present.add(key)
-                    appeared.append(key)
-            else:
-                self.present.discard(key)
-                if key in appeared:
-                    appeared.remove(key)
-            self.version = max(self.version, change["v"])
-        self.emit(appeared, self.version)
+    def apply(self, change: dict) -> None:
+        key = change["key"]
+        self.version = max(self.version, change["v"])
+        if change["op"] != "put":
+            self.present.discard(key)
+        elif key not in self.present:
+            self.present.add(key)
+            self.emit([key], self.version)
 
     # --- the stream ----------------------------------------------------------------------
 
@@ -150,7 +148,7 @@ class Watcher:
                     if event == "resync":
                         raise Resync()
                     if data:
-                        self.apply([orjson.loads("\n".join(data))])
+                        self.apply(orjson.loads("\n".join(data)))
                     event, data = "message", []
                 # `id:` repeats the change's "v"; ":" lines are keepalives.
 
@@ -183,10 +181,6 @@ class Watcher:
                 delay = 0.1
             except httpx.HTTPError:
                 pass
-
-
-class Resync(Exception):
-    pass
 
 
 def run(args) -> int:
