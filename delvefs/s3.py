@@ -52,6 +52,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# Error codes meaning "no such object" (HEAD answers a bare 404 / NotFound, GETs NoSuchKey).
+MISSING_CODES = frozenset({"NoSuchKey", "NoSuchVersion", "404", "NotFound"})
+
+
 def error_code(exc: BaseException) -> str | None:
     """The S3 error code of a botocore ClientError (e.g. 'NoSuchKey'), else None."""
     exceptions = sys.modules.get("botocore.exceptions")  # no botocore loaded: no ClientError
@@ -233,11 +237,10 @@ def list_pages(client, bucket: str, page_size: int = 1000):
 
 def get_object_tags(client, bucket: str, key: str) -> dict[str, str] | None:
     """The object's tags, or None when the object does not exist (any more)."""
-    from botocore.exceptions import ClientError
     try:
         resp = client.get_object_tagging(Bucket=bucket, Key=key)
-    except ClientError as exc:
-        if error_code(exc) in ("NoSuchKey", "NoSuchVersion", "404"):
+    except Exception as exc:
+        if error_code(exc) in MISSING_CODES:
             return None
         raise
     return {t["Key"]: t["Value"] for t in resp.get("TagSet", [])}
@@ -245,14 +248,13 @@ def get_object_tags(client, bucket: str, key: str) -> dict[str, str] | None:
 
 def head_object_metadata(client, bucket: str, key: str) -> dict[str, str] | None:
     """The object's user metadata (keys without x-amz-meta-, lowercased), or None if absent."""
-    from botocore.exceptions import ClientError
     try:
-        resp = client.head_object(Bucket=bucket, Key=key)
-    except ClientError as exc:
-        if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+        metadata = head_object(client, bucket, key)["metadata"]
+    except Exception as exc:
+        if error_code(exc) in MISSING_CODES:
             return None
         raise
-    return {k.lower(): v for k, v in resp.get("Metadata", {}).items()}
+    return {k.lower(): v for k, v in metadata.items()}
 
 
 def store_date(client, bucket: str) -> str | None:

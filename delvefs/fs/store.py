@@ -34,7 +34,7 @@ class Changed(StoreError):
 
 def _map(exc: BaseException, what: str) -> StoreError:
     code = s3.error_code(exc)
-    if code in ("404", "NoSuchKey", "NotFound"):
+    if code in s3.MISSING_CODES:
         return StoreError(errno.ENOENT, f"{what}: no such object")
     if code in ("412", "PreconditionFailed"):
         return Changed(f"{what}: object changed during download")
