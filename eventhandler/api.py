@@ -231,13 +231,17 @@ class Api:
 
     def _check_since(self, info, since: int) -> None:
         top = self.engine.buckets[info.bucket].committed
-        if since < info.floor or since > top:
+        floor = self.engine.change_floor(info)
+        if since < floor or since > top:
             raise ApiError(410, "resync", f"version {since} is outside the change log of view "
-                           f"{info.id} ({info.floor}..{top}): list the view again", version=top)
+                           f"{info.id} ({floor}..{top}): list the view again", version=top)
 
     async def _changes(self, info, since, limit):
         # small answers inline; the log read is bounded by `limit` relevant entries
-        return self.engine.changes(info, since, limit)
+        res = self.engine.changes(info, since, limit)
+        # a compaction during the read may have removed entries it needed: check again
+        self._check_since(info, since)
+        return res
 
     async def changes(self, request: web.Request):
         info = self._view(request)
@@ -276,12 +280,13 @@ class Api:
         await resp.prepare(request)
         try:
             while True:
-                top = self.engine.buckets[info.bucket].committed
-                if since < info.floor or since > top:
-                    await resp.write(b"event: resync\ndata: " + orjson.dumps({"version": top}) + b"\n\n")
-                    return resp
                 ev = self.hub.event(info.bucket)
-                res = await self._changes(info, since, 1000)
+                try:
+                    res = await self._changes(info, since, 1000)
+                except ApiError as exc:  # outside the change log
+                    data = orjson.dumps({"version": exc.extra["version"]})
+                    await resp.write(b"event: resync\ndata: " + data + b"\n\n")
+                    return resp
                 if res["changes"]:
                     out = bytearray()
                     for ch in res["changes"]:

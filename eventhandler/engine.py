@@ -14,9 +14,10 @@ Concurrency rules
   (``tracked``, ``views_by_id``, ``BucketState.committed``).
 - ``BucketState.version`` is the writer's working counter; ``committed`` is published only
   after the batch is written, so a reader that sees version V finds every change <= V.
-- Events of a bucket whose first scan is running are buffered in memory (and acked): the
-  scan's state is persisted as "scanning", so after a crash the scan restarts and its listing
-  already reflects them. After the listing, the buffer is applied (sequencers order it).
+- Events of a bucket whose first scan is running are held in LevelDB (``E`` records, written
+  before the ack; memory stays bounded however long the scan takes). After the listing they
+  are applied in chunks, each deleted in the batch that applies it (sequencers order them
+  against the listing); the last chunk and the switch to "ready" happen under one lock hold.
 - The consumer acks a batch only after ``apply_events`` returned, i.e. after the WriteBatch
   holding its events was written.
 - After each commit the engine calls its listeners with the set of changed buckets (the API
@@ -57,16 +58,18 @@ _EMPTY: dict = {}  # shared, never mutated
 
 
 class BucketState:
-    __slots__ = ("name", "state", "version", "committed", "tags", "buffer", "ready", "scanned",
-                 "rematch_needed")
+    __slots__ = ("name", "state", "version", "committed", "tags", "held", "ready", "scanned",
+                 "rematch_needed", "purged")
 
-    def __init__(self, name, state, version, tags=False, scanned=0.0):
+    def __init__(self, name, state, version, tags=False, scanned=0.0, purged=0):
         self.name = name
         self.state = state
         self.version = version
         self.committed = version
+        # change-log entries <= purged may be gone (compacted tombstones): older `since` resync
+        self.purged = purged
         self.tags = tags
-        self.buffer: list[Event] = []
+        self.held = 0  # counter of the last event held (E record) during the first scan
         self.ready = threading.Event()
         self.scanned = scanned
         self.rematch_needed = False
@@ -75,7 +78,7 @@ class BucketState:
 
     def record(self) -> bytes:
         return packb({"state": self.state, "version": self.version, "tags": self.tags,
-                      "scanned": self.scanned})
+                      "scanned": self.scanned, "purged": self.purged})
 
 
 class ViewInfo:
@@ -121,7 +124,8 @@ def _http_date_ns(value: str | None) -> int:
 
 class Engine:
     def __init__(self, store: st.Store, metrics, s3_factory=s3mod.make_client, *,
-                 s3_workers: int = 16, job_workers: int = 2, reconcile_interval: float = 0.0):
+                 s3_workers: int = 16, job_workers: int = 2, reconcile_interval: float = 0.0,
+                 tombstone_horizon: float = 86400.0):
         self.store = store
         self.metrics = metrics
         self.lock = threading.RLock()
@@ -131,6 +135,7 @@ class Engine:
         self.s3_pool = ThreadPoolExecutor(s3_workers, thread_name_prefix="delvefs-s3")
         self.jobs = ThreadPoolExecutor(job_workers, thread_name_prefix="delvefs-job")
         self.reconcile_interval = reconcile_interval
+        self.tombstone_horizon = tombstone_horizon
         self._listeners = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -160,7 +165,8 @@ class Engine:
             self._add_view(info)
         for name, rec in store.load_buckets().items():
             self.buckets[name] = BucketState(name, rec["state"], rec["version"], rec.get("tags", False),
-                                             rec.get("scanned", 0.0))
+                                             rec.get("scanned", 0.0), rec.get("purged", 0))
+            self.buckets[name].held = store.last_held(name)
         self._recompile()
 
     # ---- plumbing ------------------------------------------------------------------
@@ -312,8 +318,12 @@ class Engine:
         with self.lock:
             self._apply_locked(events)
 
-    def _apply_locked(self, events: list[Event]) -> None:
+    def _apply_locked(self, events: list[Event], replay: bool = False, extra=None) -> None:
+        """``replay``: events held during a scan, applied now although the bucket is not
+        ready yet; ``extra(wb)`` adds writes to the batch."""
         buckets = self.buckets
+        held = None
+        nheld = 0
         cache = self._cache
         get = self.store.get_object
         tag_buckets = self.tag_buckets
@@ -325,8 +335,13 @@ class Engine:
             if bs is None:
                 dropped += 1
                 continue
-            if bs.state != READY:
-                bs.buffer.append(ev)
+            if bs.state != READY and not replay:
+                if held is None:
+                    held = self.store.batch()
+                bs.held += 1
+                held.put(st.k_held(ev.bucket, bs.held),
+                         packb([ev.kind, ev.key, ev.seq, ev.size, ev.etag, ev.mtime, ev.metadata, ev.name]))
+                nheld += 1
                 continue
             k = (ev.bucket, ev.key)
             w = work.get(k)
@@ -364,14 +379,16 @@ class Engine:
                             cur[OBJ_EVER], cur[OBJ_LV], pending]
             if kind != TAGGING:
                 applied_seqs.append(seq)
+        if held is not None:
+            held.write()
         m = self.metrics
         if dropped:
             m.dropped.inc(dropped)
         if stale:
             m.stale.inc(stale)
-        if work:
-            self._finalize(work)
-            m.processed.inc(len(events) - dropped)
+        if work or extra:
+            self._finalize(work, extra=extra)
+            m.processed.inc(len(events) - dropped - nheld)
             now = time.time()
             m.latency.observe_many([now - s / 1e9 for s in applied_seqs if 10**18 <= s <= 4 * 10**18])
 
@@ -647,22 +664,31 @@ class Engine:
         self._scan_apply(bucket, {}, prev_last, None, cutoff, initial, counts)
         if not initial:
             counts["tags_retried"] = self._retry_failed_tags(bucket)
+            counts["purged"] = self.compact(bucket)
         bs = self.buckets[bucket]
         while initial and bs.rematch_needed and not self._stop.is_set():
             bs.rematch_needed = False
             self._rematch_objects(bucket)
+        replayed = 0
+        chunk = 5000
+        for _ in range(1000 if initial else 0):  # held events: in chunks, the lock left between
+            with self.lock:
+                n = self._replay_held(bucket, chunk)
+            replayed += n
+            if n < chunk:
+                break
         with self.lock:
             bs = self.buckets[bucket]
             bs.scanned = time.time()
             if initial and bs.state == SCANNING:
-                buffered, bs.buffer = bs.buffer, []
+                while (n := self._replay_held(bucket, chunk)):  # the rest; the consumer waits
+                    replayed += n
                 bs.state = READY
                 bs.tags = bucket in self.tag_buckets
                 for info in self.infos:
                     if info.bucket == bucket and not info.ready:
                         info.ready = True
                         info.floor = bs.committed
-                self._apply_locked(buffered)
                 wb = self.store.batch()
                 wb.put(st.k_bucket(bucket), bs.record())
                 for info in self.infos:
@@ -670,14 +696,29 @@ class Engine:
                         wb.put(st.k_view(info.id), info.record())
                 self.store.write(wb)
                 bs.ready.set()
-                log.info("bucket %s scanned: %d objects in %.1f s (%d buffered events applied)",
-                         bucket, counts["listed"], time.monotonic() - t0, len(buffered))
+                log.info("bucket %s scanned: %d objects in %.1f s (%d events held meanwhile applied)",
+                         bucket, counts["listed"], time.monotonic() - t0, replayed)
             else:
                 wb = self.store.batch()
                 wb.put(st.k_bucket(bucket), bs.record())
                 self.store.write(wb)
         self.metrics.repaired.inc(counts["repaired"] + counts["removed"])
         return counts
+
+    def _replay_held(self, bucket: str, chunk: int) -> int:
+        """Apply (and delete, in the same batch) the oldest ``chunk`` events held for
+        ``bucket``; call under the lock. Returns how many."""
+        items = self.store.iter_held(bucket, chunk)
+        if not items:
+            return 0
+        events = [Event(kind, bucket, key, seq, size, etag, mtime, metadata, name)
+                  for _k, (kind, key, seq, size, etag, mtime, metadata, name) in items]
+
+        def delete_held(wb):
+            for k, _ in items:
+                wb.delete(k)
+        self._apply_locked(events, replay=True, extra=delete_held)
+        return len(items)
 
     def _retry_failed_tags(self, bucket: str) -> int:
         """Fetch again the pending tags of ``bucket`` whose last fetch failed (or that no
@@ -797,6 +838,65 @@ class Engine:
                 self._finalize(work)
                 if n < 1000:
                     return
+
+    def compact(self, bucket: str, horizon: float | None = None) -> int:
+        """Remove the tombstones of ``bucket`` older than ``horizon`` seconds (default: the
+        engine's) together with their change-log entries; returns how many.
+
+        A tombstone exists so that a late or replayed older event cannot resurrect a removed
+        key; past the horizon no such event is expected (and a reconcile would repair one).
+        Its change entry tells lagging clients "this key left you": once it is gone, a client
+        asking for changes since a version below it must list the view again, so the bucket's
+        ``purged`` floor rises to the highest removed entry's version (raised *before* the
+        write: a reader that sees the new floor resyncs, one that does not still finds the
+        entries in its snapshot)."""
+        horizon = self.tombstone_horizon if horizon is None else horizon
+        before_ns = time.time_ns() - int(horizon * 1e9)
+        purged = 0
+        after = None
+        while not self._stop.is_set():
+            chunk = []  # (key, lv) of old tombstones, read outside the lock
+            last = None
+            for key, rec in self.store.iter_objects(bucket, after=after):
+                last = key
+                if rec[OBJ_FLAGS] & DELETED and rec[OBJ_SEQ] < before_ns:
+                    chunk.append((key, rec[OBJ_SEQ], rec[OBJ_LV]))
+                    if len(chunk) >= 1000:
+                        break
+            if chunk:
+                purged += self._purge(bucket, chunk)
+            if last is None or len(chunk) < 1000:
+                break
+            after = last
+        if purged:
+            log.info("compacted %s: %d tombstones removed", bucket, purged)
+        return purged
+
+    def _purge(self, bucket: str, chunk) -> int:
+        with self.lock:
+            bs = self.buckets[bucket]
+            wb = self.store.batch()
+            cprefix = st.change_prefix(bucket)
+            floor = bs.purged
+            n = 0
+            for key, seq, lv in chunk:
+                rec = self.store.get_object(bucket, key)
+                if rec is None or not rec[OBJ_FLAGS] & DELETED or rec[OBJ_SEQ] != seq:
+                    continue  # changed since it was read
+                wb.delete(st.k_obj(bucket, key))
+                if lv:
+                    wb.delete(cprefix + st.pack_version(lv))
+                    floor = max(floor, lv)
+                self._cache.pop((bucket, key), None)
+                n += 1
+            bs.purged = floor
+            wb.put(st.k_bucket(bucket), bs.record())
+            self.store.write(wb)
+            return n
+
+    def change_floor(self, info: ViewInfo) -> int:
+        """The lowest ``since`` whose changes the log still holds completely for the view."""
+        return max(info.floor, self.buckets[info.bucket].purged)
 
     def reconcile(self, bucket: str | None = None) -> dict:
         """Re-list one tracked bucket (or all) and repair the state; returns counts per bucket."""

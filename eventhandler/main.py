@@ -12,7 +12,8 @@ On a signal: the HTTP server stops, the consumer finishes and acks the batch in 
 closes its connection, the engine stops its threads, LevelDB is closed; exit 0.
 
 Environment (besides config.py's): ``DELVEFS_RECONCILE_INTERVAL`` (seconds; default 3600,
-0 = never), ``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``),
+0 = never; each reconcile also compacts), ``DELVEFS_TOMBSTONE_HORIZON`` (seconds a removed
+key's tombstone is kept; default 86400), ``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``),
 ``DELVEFS_LOG_LEVEL`` (default INFO).
 """
 from __future__ import annotations
@@ -72,6 +73,7 @@ def run(args) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
     interval = float(os.environ.get("DELVEFS_RECONCILE_INTERVAL", "3600"))
+    horizon = float(os.environ.get("DELVEFS_TOMBSTONE_HORIZON", "86400"))
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     with contextlib.ExitStack() as stack:
@@ -79,7 +81,7 @@ def run(args) -> int:
         store = Store(str(state_dir / "leveldb"))
         stack.callback(store.close)
         metrics = Metrics()
-        engine = Engine(store, metrics, reconcile_interval=interval)
+        engine = Engine(store, metrics, reconcile_interval=interval, tombstone_horizon=horizon)
         stack.callback(engine.close)
         engine.start()
         consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),

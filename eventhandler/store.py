@@ -14,13 +14,18 @@ key                    value                                                    
                         its index in the matcher, the first version whose change
                         log is complete for it)
 ``B`` bucket           {"state": "scanning"|"ready", "version", "tags": bool,      scan,
-                        "scanned": epoch}: a tracked bucket (some view names it);    batches
-                        ``version`` = last change-log version of the bucket
+                        "scanned": epoch, "purged"}: a tracked bucket (some view     batches,
+                        names it); ``version`` = last change-log version of the     compact
+                        bucket; change entries <= ``purged`` may have been
+                        compacted away (older ``since`` values must resync)
 ``o`` bucket\\0key      [seq, size, mtime, etag, tags|None, metadata, slots, ever,  batches
                         lv, flags]: object metadata (OBJ_* indices below)
 ``c`` bucket\\0 v       [key, deleted, slots, ever|None (= slots), size, mtime,     batches
                         etag]: change log of the bucket, shared by all its views
 ``T`` bucket\\0key      int seq: a GetObjectTagging for version seq is pending      batches
+``E`` bucket\\0 n       [kind, key, seq, size, etag, mtime, metadata, name]: an      consumer
+                       event of a bucket whose first scan is running, held until
+                       the scan ends (n: 8-byte big-endian arrival counter)
 =====================  ==========================================================  ==========
 
 Invariants (each WriteBatch keeps them, so they hold after any crash):
@@ -30,7 +35,9 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
   mean "not known" (tags are fetched only for buckets where a view has property rules; a
   listing carries no metadata), ``{}`` means known to be empty. ``seq`` (the S3 sequencer as int) never
   decreases for a key; a removed key is kept as a tombstone (``flags & DELETED``, the
-  remove's seq) so that a late or replayed older create cannot resurrect it. Tagging events
+  remove's seq) so that a late or replayed older create cannot resurrect it — until a
+  reconcile compacts tombstones older than the horizon (``Engine.compact``), together with
+  their change entries. Tagging events
   carry the sequencer of the version they tag: equal seq + tagging = fetch tags again.
 - ``slots`` = the set of slots of the views the object matches, as a little-endian bitmap
   (bytes; bit i = slot i; b"" for tombstones; never changed while ``flags & TAGS_PENDING``);
@@ -47,6 +54,9 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
 - A view's change for an entry: put when its slot is in ``slots``; delete when it is only
   in ``ever``; none otherwise.
 - ``T`` exists iff the object has ``TAGS_PENDING`` (a fetch is owed after a restart).
+- ``E`` records exist only for buckets in state "scanning"; each is written before the
+  AMQP ack of its message and deleted in the WriteBatch that applies it (so memory stays
+  bounded however long a scan takes, and a crash loses none of them).
 
 Writes are WriteBatches with sync=False: they survive a killed process (the OS has the
 log), not a power cut; AMQP acks are sent only after the batch is written.
@@ -113,6 +123,14 @@ def change_prefix(bucket: str) -> bytes:
 
 def k_tagwait(bucket: str, key: str) -> bytes:
     return b"T" + bucket.encode() + b"\0" + key.encode()
+
+
+def held_prefix(bucket: str) -> bytes:
+    return b"E" + bucket.encode() + b"\0"
+
+
+def k_held(bucket: str, n: int) -> bytes:
+    return held_prefix(bucket) + _V.pack(n)
 
 
 def new_object(seq, size, mtime, etag, tags, metadata) -> list:
@@ -212,6 +230,22 @@ class Store:
         with self.db.iterator(start=prefix + _V.pack(since + 1), stop=_prefix_end(prefix)) as it:
             for k, v in it:
                 yield _V.unpack_from(k, len(prefix))[0], unpackb(v)
+
+    def iter_held(self, bucket: str, limit: int) -> list[tuple[bytes, list]]:
+        """Up to ``limit`` (LevelDB key, event fields) held for ``bucket``, oldest first."""
+        out = []
+        with self.db.iterator(prefix=held_prefix(bucket)) as it:
+            for k, v in it:
+                out.append((k, unpackb(v)))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def last_held(self, bucket: str) -> int:
+        """The counter of the newest held event of ``bucket`` (0 if none)."""
+        with self.db.iterator(prefix=held_prefix(bucket), reverse=True, include_value=False) as it:
+            k = next(it, None)
+        return 0 if k is None else _V.unpack_from(k, len(k) - 8)[0]
 
     def load_views(self) -> list[dict]:
         return sorted((unpackb(v) for _, v in self.db.iterator(prefix=b"V")),

@@ -315,3 +315,33 @@ def test_bucket_glob_views_are_refused(handler, s3, bucket):
     health = h.http.get("/healthz").json()
     assert health["views"] == 0 and health["buckets"] == {}
     assert register(h, s3, {"ok": spec(bucket)})["ok"]  # naming the bucket works
+
+
+def test_reconcile_compacts_tombstones_and_lagging_clients_resync(handler, s3, bucket):
+    for key in ("a", "b", "c"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    h = handler(extra_env={"DELVEFS_TOMBSTONE_HORIZON": "0"})
+    vid = register(h, s3, {"all": spec(bucket)})["all"]
+    listed_at, objects = h.list_all(vid)
+    assert set(objects) == {"a", "b", "c"}
+    s3.delete_object(Bucket=bucket, Key="b")
+    r = h.http.get(f"/v1/views/{vid}/changes", params={"since": listed_at, "wait": 10}).json()
+    assert [(c["op"], c["key"]) for c in r["changes"]] == [("delete", "b")]
+    current = r["version"]
+
+    counts = h.http.post("/v1/reconcile", params={"bucket": bucket}).json()["buckets"][bucket]
+    assert counts["purged"] == 1
+    # the client that listed before the delete can no longer be told about it: resync
+    resp = h.http.get(f"/v1/views/{vid}/changes", params={"since": listed_at})
+    assert resp.status_code == 410 and resp.json()["error"] == "resync"
+    with h.http.stream("GET", f"/v1/views/{vid}/stream", params={"since": listed_at}) as stream:
+        assert "event: resync" in next(stream.iter_lines())
+    # a client that had seen the delete goes on with deltas
+    s3.put_object(Bucket=bucket, Key="d", Body=b"x")
+    r = h.http.get(f"/v1/views/{vid}/changes", params={"since": current, "wait": 10}).json()
+    assert [(c["op"], c["key"]) for c in r["changes"]] == [("put", "d")]
+    # the floor survives a restart; a fresh listing is complete
+    h.stop()
+    h2 = handler(state_dir=h.state_dir, queue=h.queue, extra_env={"DELVEFS_TOMBSTONE_HORIZON": "0"})
+    assert h2.http.get(f"/v1/views/{vid}/changes", params={"since": listed_at}).status_code == 410
+    assert set(h2.list_all(vid)[1]) == {"a", "c", "d"}

@@ -129,3 +129,81 @@ def test_listing_reads_only_the_views_prefix(engine):
     page = engine.list_view(info, "runs/r1/010.fq", 5)
     assert [o["key"] for o in page["objects"]] == [f"runs/r1/{i:03d}.fq" for i in range(11, 16)]
     assert page["next"] == "runs/r1/015.fq"
+
+
+def test_compaction_removes_old_tombstones_and_raises_the_change_floor(engine):
+    (out,) = engine.register([("all", spec("b", object="*"))])
+    info = ready(engine, out["id"])
+    hour_ago = time.time_ns() - 3600 * 10**9
+
+    def event(name, key, seq):
+        return parse_message(make_message(name, "b", key, seq, size=1, etag="e")[0])
+
+    engine.apply_events(event("s3:ObjectCreated:Put", "old", hour_ago)
+                        + event("s3:ObjectCreated:Put", "young", hour_ago + 1)
+                        + event("s3:ObjectCreated:Put", "kept", hour_ago + 2))
+    listed_at = engine.list_view(info, None, 100)["version"]
+    engine.apply_events(event("s3:ObjectRemoved:Delete", "old", hour_ago + 10))
+    engine.apply_events(event("s3:ObjectRemoved:Delete", "young", time.time_ns()))
+    delete_of_old = next(v for v, e in engine.store.iter_changes("b", 0) if e[st.CH_KEY] == "old")
+    top = engine.buckets["b"].committed
+    assert engine.change_floor(info) <= listed_at
+
+    assert engine.compact("b", horizon=600) == 1        # only the tombstone older than 10 min
+    assert engine.store.get_object("b", "old") is None
+    assert engine.store.get_object("b", "young")[st.OBJ_FLAGS] & st.DELETED
+    assert "old" not in [e[st.CH_KEY] for _v, e in engine.store.iter_changes("b", 0)]
+    # a client that had listed before the delete must list again; one past it need not
+    assert engine.change_floor(info) == delete_of_old > listed_at
+    assert engine.changes(info, top, 100)["changes"] == []
+    assert keys(engine, info) == ["kept"]
+    # the floor survives a restart (it is in the bucket record)
+    assert st.unpackb(engine.store.get_raw(st.k_bucket("b")))["purged"] == delete_of_old
+    assert engine.compact("b", horizon=600) == 0        # idempotent
+
+
+def test_a_purged_key_can_be_created_again(engine):
+    (out,) = engine.register([("all", spec("b", object="*"))])
+    info = ready(engine, out["id"])
+    t = time.time_ns() - 3600 * 10**9
+    engine.apply_events(parse_message(make_message("s3:ObjectCreated:Put", "b", "k", t, size=1, etag="e")[0]))
+    engine.apply_events(parse_message(make_message("s3:ObjectRemoved:Delete", "b", "k", t + 1)[0]))
+    assert engine.compact("b", horizon=0) == 1
+    since = engine.buckets["b"].committed
+    engine.apply_events(parse_message(make_message("s3:ObjectCreated:Put", "b", "k", time.time_ns(),
+                                                   size=2, etag="f")[0]))
+    assert keys(engine, info) == ["k"]
+    assert [c["op"] for c in engine.changes(info, since, 100)["changes"]] == ["put"]
+
+
+def test_events_during_the_first_scan_are_held_in_leveldb_then_applied(engine):
+    gate = threading.Event()
+    listing = engine.fake.list_objects_v2
+
+    def slow_listing(**kw):
+        if kw.get("MaxKeys", 1000):  # the listing itself, not the clock probe
+            assert gate.wait(10)
+        return listing(**kw)
+    engine.fake.list_objects_v2 = slow_listing
+    mtime = datetime(2026, 11, 21, 5, 0, 0, tzinfo=timezone.utc)
+    engine.fake.objects["listed"] = {"Size": 1, "ETag": "l", "LastModified": mtime, "tags": {}}
+    (out,) = engine.register([("all", spec("b", object="*"))])
+    info = engine.views_by_id[out["id"]]
+    now = time.time_ns()
+    events = []
+    for i in range(12_000):  # more than one replay chunk
+        events += parse_message(make_message("s3:ObjectCreated:Put", "b", f"k{i % 7000:05d}", now + i,
+                                             size=i, etag=f"e{i}")[0])
+    events += parse_message(make_message("s3:ObjectRemoved:Delete", "b", "k00003", now + 20_000)[0])
+    for start in range(0, len(events), 1000):
+        engine.apply_events(events[start:start + 1000])
+    assert not engine.view_ready(info)
+    assert len(engine.store.iter_held("b", 100_000)) == len(events)   # on disk, not in memory
+    gate.set()
+    wait_until(lambda: engine.view_ready(info), 20, "scan done")
+    assert engine.store.iter_held("b", 1) == []
+    got = {o["key"]: o["size"] for o in engine.list_view(info, None, 10_000)["objects"]}
+    expected = {f"k{j:05d}": j + 7000 if j + 7000 < 12_000 else j for j in range(7000)}
+    del expected["k00003"]
+    expected["listed"] = 1
+    assert got == expected
