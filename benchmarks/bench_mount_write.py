@@ -1,6 +1,7 @@
 """Mount write path: DelveFS vs s3fs-fuse vs boto3 on the same MinIO, same run.
 
     .venv/bin/python -m benchmarks.bench_mount_write [--files 500] [--big-mib 1024] [--skip-s3fs]
+                                                     [--rounds 10] [--only boto3,delvefs,s3fs]
 
 Measures (docs/PERFORMANCE.md, "## Mount (write path)"):
   * create + close of empty files, one after the other (``open(O_CREAT|O_TRUNC)`` +
@@ -9,11 +10,15 @@ Measures (docs/PERFORMANCE.md, "## Mount (write path)"):
   * ``dd bs=1M`` of a 1 GiB file into the mount (close included: the upload is part of it)
     vs ``dd`` to a local file + boto3 ``upload_file`` (8 MiB parts, 10 threads).
 All sequential, one process; s3fs-fuse (``-o use_path_request_style``) on the same bucket.
+The small operations take turns: ``--rounds`` batches of ``files / rounds`` each, the order
+rotated every round, so that a change of the machine's load (shared machines) hits the
+three alike instead of whichever ran at the time.
 MinIO's data directory is ~/.cache/delvefs/bench-mount/services (as bench_mount.py).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -26,27 +31,31 @@ from delvefs.localservices import LocalServices
 from delvefs.mount import mounted_fstype
 from delvefs.s3 import ensure_bucket, make_client, wire_notifications
 
-from .bench_mount import BASE, DELVEFS, RESULTS, log, run_parts, wait_for
+from .bench_mount import BASE, DELVEFS, RESULTS, log, wait_for
 
 BUCKET = "bench-write"
+PARTS = ("boto3", "delvefs", "s3fs")
 
 
-def creates(directory: Path, n: int, prefix: str) -> float:
-    t = time.perf_counter()
-    for i in range(n):
-        fd = os.open(directory / f"{prefix}-{i:05d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.close(fd)
-    return n / (time.perf_counter() - t)
+def create(directory: Path, i: int) -> None:
+    fd = os.open(directory / f"e-{i:05d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.close(fd)
 
 
-def unlinks(directory: Path, n: int, prefix: str) -> float:
-    names = [directory / f"{prefix}-{i:05d}" for i in range(n)]
-    for p in names[:3]:   # the kernel knows the names (as after an ls)
-        os.stat(p)
-    t = time.perf_counter()
-    for p in names:
-        os.unlink(p)
-    return n / (time.perf_counter() - t)
+def interleaved(ops: dict, n: int, rounds: int) -> dict[str, float]:
+    """Operations per second of each ``ops[name](i)`` for i in range(n), run in ``rounds``
+    batches that take turns (the order rotated each round)."""
+    spent = dict.fromkeys(ops, 0.0)
+    names = list(ops)
+    bounds = [n * r // rounds for r in range(rounds + 1)]
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = ops[name]
+            t = time.perf_counter()
+            for i in range(bounds[r], bounds[r + 1]):
+                fn(i)
+            spent[name] += time.perf_counter() - t
+    return {name: n / s for name, s in spent.items()}
 
 
 def dd(src: Path, dst: Path) -> float:
@@ -64,32 +73,9 @@ def clear_bucket(client):
             client.delete_objects(Bucket=BUCKET, Delete={"Objects": objs})
 
 
-def bench_boto3(client, work: Path, src: Path, n: int, res: dict):
-    t = time.perf_counter()
-    for i in range(n):
-        client.put_object(Bucket=BUCKET, Key=f"boto3/e-{i:05d}", Body=b"")
-    res["boto3_put_per_s"] = n / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for i in range(n):
-        client.delete_object(Bucket=BUCKET, Key=f"boto3/e-{i:05d}")
-    res["boto3_delete_per_s"] = n / (time.perf_counter() - t)
-    from boto3.s3.transfer import TransferConfig
-    local = work / "local-big.bin"
-    t0 = time.perf_counter()
-    dd(src, local)
-    t1 = time.perf_counter()
-    client.upload_file(str(local), BUCKET, "boto3/big.bin",
-                       Config=TransferConfig(multipart_chunksize=8 << 20, max_concurrency=10))
-    t2 = time.perf_counter()
-    local.unlink()
-    res["boto3_local_write_s"] = t1 - t0
-    res["boto3_upload_s"] = t2 - t1
-    res["boto3_write_upload_s"] = t2 - t0
-    log(f"boto3: put {res['boto3_put_per_s']:.0f}/s, delete {res['boto3_delete_per_s']:.0f}/s, "
-        f"dd local {t1 - t0:.2f} s + upload_file {t2 - t1:.2f} s")
-
-
-def bench_delvefs(env, work: Path, handler_url: str, src: Path, n: int, res: dict, client):
+@contextlib.contextmanager
+def delvefs_mount(env, work: Path, handler_url: str):
+    """The DelveFS view directory (view ``w``: keys delve/*)."""
     views = work / "views-write.yaml"
     views.write_text(f"w:\n  bucket: {BUCKET}\n  object: \"delve/*\"\n  ttl: 60s\n")
     mp = work / "delve-mnt"
@@ -100,20 +86,16 @@ def bench_delvefs(env, work: Path, handler_url: str, src: Path, n: int, res: dic
         raise RuntimeError(r.stderr)
     try:
         os.listdir(mp / "w")
-        res["delvefs_create_per_s"] = creates(mp / "w", n, "e")
-        res["delvefs_unlink_per_s"] = unlinks(mp / "w", n, "e")
-        res["delvefs_dd_s"] = dd(src, mp / "w/big.bin")
-        head = client.head_object(Bucket=BUCKET, Key="delve/big.bin")
-        assert head["ContentLength"] == src.stat().st_size
-        log(f"delvefs: create {res['delvefs_create_per_s']:.0f}/s, unlink {res['delvefs_unlink_per_s']:.0f}/s, "
-            f"dd 1 GiB {res['delvefs_dd_s']:.2f} s")
+        yield mp / "w"
     finally:
         subprocess.run([DELVEFS, "umount", str(mp)], env=env, check=False)
         if mounted_fstype(str(mp)):
             subprocess.run(["fusermount3", "-u", "-z", str(mp)])
 
 
-def bench_s3fs(env, work: Path, src: Path, n: int, res: dict):
+@contextlib.contextmanager
+def s3fs_mount(env, work: Path):
+    """A directory (prefix s3fs/) of an s3fs-fuse mount of the bucket."""
     pw = work / "s3fs.passwd"
     pw.write_text(f"{env['AWS_ACCESS_KEY_ID']}:{env['AWS_SECRET_ACCESS_KEY']}\n")
     pw.chmod(0o600)
@@ -121,17 +103,59 @@ def bench_s3fs(env, work: Path, src: Path, n: int, res: dict):
     mp.mkdir()
     subprocess.run(["s3fs", BUCKET, str(mp), "-o", f"url={env['AWS_ENDPOINT_URL']},use_path_request_style,"
                     f"passwd_file={pw}"], check=True)
-    wait_for(lambda: mounted_fstype(str(mp)) is not None, 30, "s3fs mount")
     try:
+        wait_for(lambda: mounted_fstype(str(mp)) is not None, 30, "s3fs mount")
         d = mp / "s3fs"
         d.mkdir(exist_ok=True)
-        res["s3fs_create_per_s"] = creates(d, n, "e")
-        res["s3fs_unlink_per_s"] = unlinks(d, n, "e")
-        res["s3fs_dd_s"] = dd(src, d / "big.bin")
-        log(f"s3fs: create {res['s3fs_create_per_s']:.0f}/s, unlink {res['s3fs_unlink_per_s']:.0f}/s, "
-            f"dd 1 GiB {res['s3fs_dd_s']:.2f} s")
+        yield d
     finally:
         subprocess.run(["fusermount3", "-u", "-z", str(mp)])
+
+
+def small_ops(client, dirs: dict[str, Path], n: int, rounds: int, res: dict) -> None:
+    """create + close and unlink in the mounts, put_object and delete_object with boto3
+    (``client``, unless None)."""
+    puts, deletes = {}, {}
+    if client is not None:
+        puts["boto3"] = lambda i: client.put_object(Bucket=BUCKET, Key=f"boto3/e-{i:05d}", Body=b"")
+        deletes["boto3"] = lambda i: client.delete_object(Bucket=BUCKET, Key=f"boto3/e-{i:05d}")
+    for name, d in dirs.items():
+        puts[name] = lambda i, d=d: create(d, i)
+        deletes[name] = lambda i, d=d: os.unlink(d / f"e-{i:05d}")
+    for name, rate in interleaved(puts, n, rounds).items():
+        res[f"{name}_{'put' if name == 'boto3' else 'create'}_per_s"] = rate
+    for d in dirs.values():  # the kernel knows the names (as after an ls)
+        for i in range(3):
+            os.stat(d / f"e-{i:05d}")
+    for name, rate in interleaved(deletes, n, rounds).items():
+        res[f"{name}_{'delete' if name == 'boto3' else 'unlink'}_per_s"] = rate
+    for name in puts:
+        c = res[f"{name}_{'put' if name == 'boto3' else 'create'}_per_s"]
+        u = res[f"{name}_{'delete' if name == 'boto3' else 'unlink'}_per_s"]
+        log(f"{name}: create {c:.0f}/s ({1000 / c:.2f} ms), unlink {u:.0f}/s ({1000 / u:.2f} ms)")
+
+
+def big_write(client, dirs: dict[str, Path], work: Path, src: Path, res: dict, parts) -> None:
+    if "boto3" in parts:
+        from boto3.s3.transfer import TransferConfig
+        local = work / "local-big.bin"
+        t0 = time.perf_counter()
+        dd(src, local)
+        t1 = time.perf_counter()
+        client.upload_file(str(local), BUCKET, "boto3/big.bin",
+                           Config=TransferConfig(multipart_chunksize=8 << 20, max_concurrency=10))
+        t2 = time.perf_counter()
+        local.unlink()
+        res["boto3_local_write_s"] = t1 - t0
+        res["boto3_upload_s"] = t2 - t1
+        res["boto3_write_upload_s"] = t2 - t0
+        log(f"boto3: dd local {t1 - t0:.2f} s + upload_file {t2 - t1:.2f} s")
+    for name, d in dirs.items():
+        res[f"{name}_dd_s"] = dd(src, d / "big.bin")
+        log(f"{name}: dd {res[f'{name}_dd_s']:.2f} s")
+    if "delvefs" in dirs:
+        head = client.head_object(Bucket=BUCKET, Key="delve/big.bin")
+        assert head["ContentLength"] == src.stat().st_size
 
 
 def table(res: dict) -> str:
@@ -162,11 +186,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=500)
     ap.add_argument("--big-mib", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=10, help="batches the small operations take turns in")
     ap.add_argument("--skip-s3fs", action="store_true")
     ap.add_argument("--only", help="comma-separated parts: boto3,delvefs,s3fs")
     args = ap.parse_args(argv)
+    parts = [p for p in (args.only.split(",") if args.only else PARTS)
+             if p in PARTS and not (p == "s3fs" and args.skip_s3fs)]
     BASE.mkdir(parents=True, exist_ok=True)
-    res: dict = {"files": args.files, "big_mib": args.big_mib}
+    res: dict = {"files": args.files, "big_mib": args.big_mib, "rounds": args.rounds}
     with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-write-") as d:
         work = Path(d)
         env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state")}
@@ -185,11 +212,17 @@ def main(argv=None) -> int:
         handler.start()
         env["DELVEFS_HANDLER_TOKEN"] = "bench"
         try:
-            parts = [("boto3", lambda: bench_boto3(client, work, src, args.files, res)),
-                     ("delvefs", lambda: bench_delvefs(env, work, handler.url, src, args.files, res, client))]
-            if not args.skip_s3fs:
-                parts.append(("s3fs", lambda: bench_s3fs(env, work, src, args.files, res)))
-            run_parts(parts, args.only, res)
+            with contextlib.ExitStack() as mounts:
+                dirs = {}
+                if "delvefs" in parts:
+                    dirs["delvefs"] = mounts.enter_context(delvefs_mount(env, work, handler.url))
+                if "s3fs" in parts:
+                    dirs["s3fs"] = mounts.enter_context(s3fs_mount(env, work))
+                # the mount makes its boto3 client (~0.3 s of CPU) 0.5 s after it is ready;
+                # the reference's client exists before its clock starts too
+                time.sleep(2)
+                small_ops(client if "boto3" in parts else None, dirs, args.files, args.rounds, res)
+                big_write(client, dirs, work, src, res, parts)
         finally:
             handler.close()
             clear_bucket(client)

@@ -1,7 +1,7 @@
 """The local data cache of a mount: one file per object under ``<cache-dir>/data``.
 
 * ``fetch`` makes an object's bytes available locally: the first time by downloading it
-  (s3transfer, parallel ranged GETs, every GET pinned to one ETag with IfMatch), later
+  (parallel ranged GETs, every GET pinned to one ETag with IfMatch), later
   from the cache; an entry older than ``ttl`` is revalidated with a HEAD and downloaded
   again only when the ETag changed.
 * A download goes to a temporary file that is renamed onto the entry's path, so a reader
@@ -12,10 +12,11 @@
 * One fetch per object at a time: concurrent fetches wait for the running one.
 * Large objects (>= ``stream_threshold``) stream: once a nursery is attached, ``fetch``
   returns as soon as the download has started, and ``read`` waits only until the bytes it
-  needs have arrived (s3transfer writes the parts into a :class:`Download`, which tracks
-  the complete prefix and wakes waiting readers). The object's ETag is checked with a
-  HEAD first and every ranged GET is pinned to it; if S3 changes the object mid-way, the
-  download fails (412) and readers of that version get EIO instead of mixed bytes.
+  needs have arrived (the download's threads write the parts into a :class:`Download`,
+  which tracks the complete prefix and wakes waiting readers). The object's ETag is
+  checked with a HEAD first and every ranged GET is pinned to it; if S3 changes the object
+  mid-way, the download fails (412) and readers of that version get EIO instead of mixed
+  bytes.
 
 Write side: a file being written is a *dirty* entry (``dirty`` = True) with a path of
 its own (``data/w-<id>``, independent of the key, so renames only re-key it and no
@@ -50,8 +51,9 @@ log = logging.getLogger(__name__)
 
 
 class Download:
-    """A download in progress, readable while it runs. s3transfer's IO thread calls
-    ``seek``/``write`` (a seekable file object); trio tasks ``await wait_for(end)``."""
+    """A download in progress, readable while it runs. The download's worker threads hand it
+    the bytes with ``write_at`` (s3transfer's IO thread: ``seek``/``write``, a seekable file
+    object); trio tasks ``await wait_for(end)``."""
 
     def __init__(self, path: str, size: int):
         self.path = path
@@ -78,9 +80,16 @@ class Download:
         return self._pos
 
     def write(self, data) -> int:
-        n = os.pwrite(self.fd, data, self._pos)
-        start, end = self._pos, self._pos + n
-        self._pos = end
+        n = self.write_at(self._pos, data)
+        self._pos += n
+        return n
+
+    def write_at(self, offset: int, data) -> int:
+        """Store ``data`` at ``offset`` (any thread)."""
+        n = os.pwrite(self.fd, data, offset)
+        while n < len(data):  # a short write to a regular file: the rest, or the error
+            n += os.pwrite(self.fd, data[n:], offset + n)
+        start, end = offset, offset + n
         with self._lock:
             if start <= self.done:
                 self.done = max(self.done, end)

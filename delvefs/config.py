@@ -19,6 +19,7 @@ class S3Settings:
     access_key: str | None
     secret_key: str | None
     region: str
+    session_token: str | None = None  # temporary (STS) credentials come with one
 
     @classmethod
     def from_env(cls, env=os.environ) -> "S3Settings":
@@ -27,7 +28,19 @@ class S3Settings:
             access_key=env.get("AWS_ACCESS_KEY_ID") or None,
             secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            session_token=env.get("AWS_SESSION_TOKEN") or None,
         )
+
+
+# S3's limit for one CopyObject; renames of larger objects are multipart copies
+MAX_SINGLE_COPY = 5 * 1024**3
+
+
+def copy_threshold(env=os.environ) -> int:
+    """Objects of at least this many bytes are renamed by a multipart copy
+    (``DELVEFS_COPY_THRESHOLD``, bytes; default and maximum S3's 5 GiB CopyObject limit)."""
+    value = env.get("DELVEFS_COPY_THRESHOLD")
+    return max(1, min(int(value), MAX_SINGLE_COPY)) if value else MAX_SINGLE_COPY
 
 
 def amqp_url(flag: str | None = None, env=os.environ) -> str:

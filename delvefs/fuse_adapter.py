@@ -243,11 +243,17 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def access(self, inode, mode, ctx):
-        return True  # default_permissions: the kernel checks modes itself
+        self.core.access(inode, mode)  # FsError (EACCES, EROFS) when refused
+        return True
 
 
 def fuse_options(fsname: str = "delvefs") -> set[str]:
-    return set(pyfuse3.default_options) | {f"fsname={fsname}", "subtype=delvefs", "noatime"}
+    # Not pyfuse3's default "default_permissions": with it the kernel re-reads the
+    # directory's attributes (a GETATTR round trip) before every create and unlink after
+    # the previous one changed the directory. The mount is the mounting user's alone (no
+    # allow_other) and the core refuses writes where they are not allowed (EROFS, EACCES);
+    # the kernel asks ``access`` for access(2) and chdir (docs/SEMANTICS.md, "Permissions").
+    return {f"fsname={fsname}", "subtype=delvefs", "noatime"}
 
 
 def mount(adapter: Adapter, mountpoint: str, options: set[str]) -> None:

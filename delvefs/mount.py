@@ -144,7 +144,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
 
     from . import fuse_adapter, s3
     from .cache import DataCache
-    from .config import S3Settings
+    from .config import S3Settings, copy_threshold
     from .fs.core import FileSystem
     from .fs.store import S3Store, StoreError
     from .handler_client import HandlerClient, HandlerError, HandlerUnavailable
@@ -162,10 +162,14 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
         handler = HandlerClient(handler_url, token)
         stack.push_async_callback(handler.aclose)
         if lazy:
-            store = S3Store(make_client)
+            # static keys: deletes, HEADs, small PUTs and downloads without botocore (s3.LeanClient)
+            lean = s3.LeanClient(settings, attempts=S3_ATTEMPTS, connect_timeout=S3_CONNECT_TIMEOUT,
+                                 read_timeout=S3_READ_TIMEOUT)
+            store = S3Store(make_client, copy_threshold=copy_threshold(), lean=lean)
         else:
             try:
-                store = S3Store(await trio.to_thread.run_sync(make_client))
+                store = S3Store(await trio.to_thread.run_sync(make_client),
+                                copy_threshold=copy_threshold())
             except Exception as exc:  # noqa: BLE001
                 raise MountError(f"S3 client: {exc}") from None
             proofs = {b: await trio.to_thread.run_sync(s3.presigned_list_url, store.client, b)

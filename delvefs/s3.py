@@ -6,16 +6,32 @@ boto3/botocore are imported on first use (``make_client``; ``ClientError`` and
 ``EndpointConnectionError`` are still importable from here): importing them and building
 a client costs ~0.3 s of CPU, which a mount keeps off its way to "ready" — it presigns
 its ListObjectsV2 proofs with :func:`presign_list_url` (SigV4, standard library only).
+
+A mount's single small requests — DeleteObject, HeadObject, PutObject below the part
+size — and its downloads' ranged GETs go through :class:`LeanClient` instead of
+botocore whenever the settings have an endpoint and static keys: the same requests,
+SigV4-signed with the standard library over
+kept-alive ``http.client`` connections, at ~0.3-0.4 ms of CPU each where botocore spends
+1.2-2 ms (docs/PERFORMANCE.md, write path). It answers the botocore client methods of those names
+(the fields :func:`head_object`, :func:`put_file` and :func:`delete_object` read), so those
+functions serve both; credentials from a profile or a role use boto3 for everything.
 """
 from __future__ import annotations
 
 import datetime
 import hashlib
 import hmac
+import http.client
+import os
+import random
+import socket
+import ssl
 import sys
+import threading
+import time
 import urllib.parse
 
-from .config import S3Settings
+from .config import MAX_SINGLE_COPY, S3Settings
 
 S3_EVENTS = ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
 
@@ -32,6 +48,7 @@ def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retri
         endpoint_url=settings.endpoint_url,
         aws_access_key_id=settings.access_key,
         aws_secret_access_key=settings.secret_key,
+        aws_session_token=settings.session_token,
         region_name=settings.region,
         config=botocore.config.Config(
             max_pool_connections=max_pool,
@@ -57,7 +74,10 @@ MISSING_CODES = frozenset({"NoSuchKey", "NoSuchVersion", "404", "NotFound"})
 
 
 def error_code(exc: BaseException) -> str | None:
-    """The S3 error code of a botocore ClientError (e.g. 'NoSuchKey'), else None."""
+    """The S3 error code of a botocore ClientError or an :class:`S3Error` (e.g.
+    'NoSuchKey'), else None."""
+    if isinstance(exc, S3Error):
+        return exc.code
     exceptions = sys.modules.get("botocore.exceptions")  # no botocore loaded: no ClientError
     if exceptions is not None and isinstance(exc, exceptions.ClientError):
         return exc.response.get("Error", {}).get("Code")
@@ -100,39 +120,307 @@ def presign_list_url(settings: S3Settings, bucket: str, expires: int = 300,
     """The same proof as :func:`presigned_list_url` (path-style, SigV4 query signature)
     without botocore: from ``settings`` alone. None when the settings lack an endpoint or
     static keys (credentials from a profile, a role, ...): then ask boto3."""
-    if not (settings.endpoint_url and settings.access_key and settings.secret_key):
-        return None
-    ep = urllib.parse.urlsplit(settings.endpoint_url)
-    if ep.scheme not in ("http", "https") or not ep.netloc or ep.query:
+    ep = _static_endpoint(settings)
+    if ep is None:
         return None
     now = now or datetime.datetime.now(datetime.timezone.utc)
     amz_date = now.strftime("%Y%m%dT%H%M%SZ")
     day = amz_date[:8]
     region = settings.region
     scope = f"{day}/{region}/s3/aws4_request"
-    host = ep.netloc
-    if (ep.scheme, ep.port) in (("http", 80), ("https", 443)):
-        host = ep.hostname if ":" not in (ep.hostname or "") else f"[{ep.hostname}]"
+    host = _canonical_host(ep)
     path = ep.path.rstrip("/") + "/" + urllib.parse.quote(bucket, safe="-_.~")
     params = {"list-type": "2", "max-keys": "0", "encoding-type": "url", "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
               "X-Amz-Credential": f"{settings.access_key}/{scope}", "X-Amz-Date": amz_date,
               "X-Amz-Expires": str(int(expires)), "X-Amz-SignedHeaders": "host"}
+    if settings.session_token:  # temporary credentials: signed, in the query (as botocore)
+        params["X-Amz-Security-Token"] = settings.session_token
     query = "&".join(f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
                      for k, v in sorted(params.items()))
     canonical = f"GET\n{path}\n{query}\nhost:{host}\n\nhost\nUNSIGNED-PAYLOAD"
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
                          hashlib.sha256(canonical.encode()).hexdigest()])
-    key = ("AWS4" + settings.secret_key).encode()
-    for part in (day, region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    key = _signing_key(settings.secret_key, day, region)
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     base = urllib.parse.urlunsplit((ep.scheme, ep.netloc, path, "", ""))
     return f"{base}?{query}&X-Amz-Signature={signature}"
 
 
+def _static_endpoint(settings: S3Settings) -> urllib.parse.SplitResult | None:
+    """The endpoint URL, split, when the settings name one and static keys, else None."""
+    if not (settings.endpoint_url and settings.access_key and settings.secret_key):
+        return None
+    ep = urllib.parse.urlsplit(settings.endpoint_url)
+    if ep.scheme not in ("http", "https") or not ep.netloc or ep.query:
+        return None
+    return ep
+
+
+def _canonical_host(ep: urllib.parse.SplitResult) -> str:
+    """The Host header as signed (and sent): the endpoint's netloc without a default port."""
+    if (ep.scheme, ep.port) in (("http", 80), ("https", 443)):
+        return ep.hostname if ":" not in (ep.hostname or "") else f"[{ep.hostname}]"
+    return ep.netloc
+
+
+def _signing_key(secret: str, day: str, region: str) -> bytes:
+    key = ("AWS4" + secret).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return key
+
+
+class S3Error(Exception):
+    """An S3 error answer to a :class:`LeanClient` request; ``code`` as botocore's
+    ClientError has it (the XML error's Code, or the HTTP status for a body-less answer)."""
+
+    def __init__(self, code: str, status: int, message: str):
+        super().__init__(f"{code} ({status}): {message}")
+        self.code, self.status = code, status
+
+
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+# retried like botocore's "standard" mode: server errors, throttling, transient codes
+_RETRY_STATUS = frozenset({500, 502, 503, 504})
+_RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                          "RequestTimeoutException", "PriorRequestNotComplete", "InternalError"})
+# a kept-alive connection the server closed meanwhile: retried at once on a new one
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+          ConnectionAbortedError)
+
+
+class LeanClient:
+    """DeleteObject, HeadObject, PutObject (body in memory) and ranged GETs (``get_range``,
+    the mount's downloads) without botocore: SigV4
+    header signatures (payload signed, path-style URLs, keys quoted like botocore),
+    http.client connections kept alive in a pool, ``attempts`` tries per request with
+    botocore's backoff (random up to 1 s, 2 s, ... at most 20 s) on connection errors,
+    timeouts, 5xx and throttling; every try bounded by the connect and read timeouts.
+    Errors: :class:`S3Error`, or the last OSError / HTTPException. Thread-safe."""
+
+    def __init__(self, settings: S3Settings, *, attempts: int = 3, connect_timeout: float = 5,
+                 read_timeout: float = 60):
+        ep = _static_endpoint(settings)
+        if ep is None:
+            raise ValueError("LeanClient needs an endpoint URL and static keys")
+        self._ep = ep
+        self._host = _canonical_host(ep)
+        self._base = ep.path.rstrip("/")
+        self._access, self._secret, self._region = settings.access_key, settings.secret_key, settings.region
+        self._token = settings.session_token
+        self._keys: tuple[str, bytes] = ("", b"")  # (day, signing key of that day)
+        self.attempts = max(1, attempts)
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self._ssl = None
+        if ep.scheme == "https":  # verified like botocore: AWS_CA_BUNDLE, else the system's CAs
+            self._ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    # the botocore client methods of the same names (the parts this module's functions use)
+
+    def delete_object(self, *, Bucket: str, Key: str) -> dict:
+        self._request("DELETE", Bucket, Key)
+        return {}
+
+    def head_object(self, *, Bucket: str, Key: str) -> dict:
+        import email.utils
+        headers = self._request("HEAD", Bucket, Key)[0]
+        modified = headers.get("Last-Modified")
+        return {"ETag": headers.get("ETag", ""), "ContentLength": int(headers.get("Content-Length", 0)),
+                "LastModified": email.utils.parsedate_to_datetime(modified) if modified else None,
+                "Metadata": {k[11:]: v for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}}
+
+    def put_object(self, *, Bucket: str, Key: str, Body: bytes, Tagging: str | None = None,
+                   ContentType: str | None = None) -> dict:
+        extra = {}
+        if ContentType:
+            extra["content-type"] = ContentType
+        if Tagging:
+            extra["x-amz-tagging"] = Tagging
+        return {"ETag": self._request("PUT", Bucket, Key, extra, Body)[0].get("ETag", "")}
+
+    def get_range(self, bucket: str, key: str, start: int, end: int, *, etag: str, write,
+                  chunk: int = 1 << 20) -> None:
+        """Bytes [start, end) of the object version ``etag`` (If-Match: a changed object
+        answers 412), handed to ``write(offset, data)`` as they arrive, ``chunk`` at a time,
+        read straight into one reused buffer (no per-chunk objects and thread hand-offs as in
+        s3transfer). A failed try resumes where it stopped; an error of ``write`` (the
+        cache disk) is raised at once."""
+        path = self.path(bucket, key)
+        view = memoryview(bytearray(min(chunk, end - start)))
+        error: BaseException | None = None
+        attempt = 0
+        while start < end:
+            if attempt == self.attempts:
+                raise error
+            if attempt:
+                time.sleep(random.random() * min(20, 2 ** (attempt - 1)))
+            attempt += 1
+            headers = {"range": f"bytes={start}-{end - 1}", "if-match": f'"{etag}"'}
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            reused, began, failed = conn is not None, start, None
+            try:
+                conn = conn or self._connect()
+                conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
+                for k, v in self.sign("GET", path, headers, b"").items():
+                    conn.putheader(k, v)
+                conn.endheaders()
+                resp = conn.getresponse()
+                if resp.status >= 300:
+                    error = self._error("GET", resp.status, resp.read())
+                    self._keep(conn, resp)
+                    if resp.status not in _RETRY_STATUS and error.code not in _RETRY_CODES:
+                        raise error
+                    continue
+                if resp.length != end - start:
+                    conn.close()
+                    raise S3Error("InvalidRange", resp.status,
+                                  f"{resp.length} bytes for the range {start}-{end - 1}")
+                while start < end:
+                    n = resp.readinto(view[:end - start])
+                    if not n:
+                        raise http.client.IncompleteRead(b"", end - start)
+                    try:
+                        write(start, view[:n])
+                    except BaseException as exc:  # noqa: BLE001 — raised below, not retried
+                        failed = exc
+                        break
+                    start += n
+            except (OSError, http.client.HTTPException) as exc:
+                if conn is not None:
+                    conn.close()
+                error = exc
+                if reused and start == began and isinstance(exc, _STALE):
+                    attempt -= 1  # a kept-alive connection the server had closed: no try
+                continue
+            if failed is not None:
+                conn.close()
+                raise failed
+            self._keep(conn, resp)
+
+    def _keep(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        if resp.will_close:
+            conn.close()
+        else:
+            with self._lock:
+                self._idle.append(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    # ---
+
+    def path(self, bucket: str, key: str) -> str:
+        return f"{self._base}/{urllib.parse.quote(bucket, safe='-_.~')}/{urllib.parse.quote(key, safe='/-_.~')}"
+
+    def sign(self, method: str, path: str, headers: dict[str, str], body: bytes,
+             now: datetime.datetime | None = None) -> dict[str, str]:
+        """``headers`` (lowercase names) plus host, x-amz-date, x-amz-content-sha256 and
+        the Authorization signing all of them."""
+        amz_date = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+        day = amz_date[:8]
+        if self._keys[0] != day:
+            self._keys = (day, _signing_key(self._secret, day, self._region))
+        payload = hashlib.sha256(body).hexdigest() if body else _EMPTY_SHA256
+        signed = {**headers, "host": self._host, "x-amz-content-sha256": payload, "x-amz-date": amz_date}
+        if self._token:  # temporary credentials: a signed header (as botocore)
+            signed["x-amz-security-token"] = self._token
+        names = sorted(signed)
+        canonical = "\n".join([method, path, "", *(f"{k}:{' '.join(signed[k].split())}" for k in names),
+                               "", ";".join(names), payload])
+        scope = f"{day}/{self._region}/s3/aws4_request"
+        to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        signature = hmac.new(self._keys[1], to_sign.encode(), hashlib.sha256).hexdigest()
+        signed["authorization"] = (f"AWS4-HMAC-SHA256 Credential={self._access}/{scope}, "
+                                   f"SignedHeaders={';'.join(names)}, Signature={signature}")
+        return signed
+
+    def _request(self, method: str, bucket: str, key: str, headers: dict[str, str] | None = None,
+                 body: bytes = b"") -> tuple[http.client.HTTPMessage, bytes]:
+        path = self.path(bucket, key)
+        error: BaseException | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                time.sleep(random.random() * min(20, 2 ** (attempt - 1)))
+            try:
+                status, answer, data = self._send(method, path, headers or {}, body)
+            except (OSError, http.client.HTTPException) as exc:
+                error = exc
+                continue
+            if status < 300:
+                return answer, data
+            error = self._error(method, status, data)
+            if status not in _RETRY_STATUS and error.code not in _RETRY_CODES:
+                break
+        raise error
+
+    def _send(self, method: str, path: str, headers: dict[str, str], body: bytes):
+        """One try: (status, headers, body) of the answer. A pooled connection the server
+        has closed meanwhile is dropped and the request sent again on another (pooled or
+        new) one, without counting as a try."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            reused = conn is not None
+            conn = conn or self._connect()
+            try:
+                conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+                for k, v in self.sign(method, path, headers, body).items():
+                    conn.putheader(k, v)
+                if body or method == "PUT":
+                    conn.putheader("content-length", str(len(body)))
+                conn.endheaders(body or None)
+                resp = conn.getresponse()
+                data = resp.read()
+            except _STALE:
+                conn.close()
+                if reused:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            if resp.will_close:
+                conn.close()
+            else:
+                with self._lock:
+                    self._idle.append(conn)
+            return resp.status, resp.headers, data
+
+    def _connect(self) -> http.client.HTTPConnection:
+        ep = self._ep
+        if self._ssl is not None:
+            conn = http.client.HTTPSConnection(ep.hostname, ep.port, timeout=self.connect_timeout,
+                                               context=self._ssl)
+        else:
+            conn = http.client.HTTPConnection(ep.hostname, ep.port, timeout=self.connect_timeout)
+        conn.connect()
+        conn.sock.settimeout(self.read_timeout)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    @staticmethod
+    def _error(method: str, status: int, data: bytes) -> S3Error:
+        code, message = str(status), http.client.responses.get(status, "")
+        if data and method != "HEAD":
+            import xml.etree.ElementTree as ET
+            try:
+                root = ET.fromstring(data)
+                code = root.findtext("Code") or code
+                message = root.findtext("Message") or message
+            except ET.ParseError:
+                pass
+        return S3Error(code, status, message)
+
+
 def head_object(client, bucket: str, key: str) -> dict:
     """``{"etag", "size", "mtime", "metadata"}`` of one object (ETag without quotes);
-    raises ClientError (code '404'/'NoSuchKey' when it is missing)."""
+    raises ClientError or S3Error (code '404'/'NoSuchKey' when it is missing)."""
     r = client.head_object(Bucket=bucket, Key=key)
     return {"etag": r.get("ETag", "").strip('"'), "size": int(r.get("ContentLength", 0)),
             "mtime": r["LastModified"].timestamp() if r.get("LastModified") else 0.0,
@@ -196,18 +484,22 @@ def upload_file(manager, bucket: str, key: str, filename: str, *, tags: dict[str
     manager.upload(filename, bucket, key, extra_args=extra).result()
 
 
-def make_copy_manager(client, *, concurrency: int = 10):
-    """An s3transfer TransferManager for server-side copies: one CopyObject up to 5 GiB,
-    multipart UploadPartCopy above (tags and metadata are carried over either way)."""
+def make_copy_manager(client, *, threshold: int = MAX_SINGLE_COPY, concurrency: int = 10):
+    """An s3transfer TransferManager for server-side copies: one CopyObject below
+    ``threshold`` bytes, parallel UploadPartCopy parts of up to 512 MiB from it on."""
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
-    config = TransferConfig(multipart_threshold=5 * 1024**3, multipart_chunksize=512 * 1024**2,
+    config = TransferConfig(multipart_threshold=threshold,
+                            multipart_chunksize=min(threshold, 512 * 1024**2),
                             max_concurrency=concurrency, use_threads=True)
     return create_transfer_manager(client, config)
 
 
 def copy_object(manager, bucket: str, key: str, src_bucket: str, src_key: str) -> None:
-    """Server-side copy ``src_bucket/src_key`` -> ``bucket/key`` (no data through us)."""
-    manager.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key).result()
+    """Server-side copy ``src_bucket/src_key`` -> ``bucket/key`` (no data through us), with
+    the source's tags and metadata."""
+    # CopyObject copies tags by default; s3transfer's multipart copy only when told to
+    manager.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key,
+                 extra_args={"TaggingDirective": "COPY"}).result()
 
 
 def delete_object(client, bucket: str, key: str) -> None:

@@ -56,6 +56,7 @@ Everything runs in one trio thread; code between two ``await`` s is atomic. The 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
@@ -350,7 +351,10 @@ class FileSystem:
             return False
         return True
 
-    def _put(self, vs: ViewState, obj: dict, *, notify: bool, remote: bool = True) -> File | None:
+    def _put(self, vs: ViewState, obj: dict, *, notify: bool, remote: bool = True,
+             written: bool = False) -> File | None:
+        """Show ``obj`` in ``vs`` (``notify``: tell the kernel of a new name; ``written``: the
+        kernel holds this very content, written through the file: no inode invalidation)."""
         if remote and vs.overlay and self._stale(vs, obj["key"], obj):
             return None
         path = self._path(vs, obj["key"])
@@ -399,7 +403,7 @@ class FileSystem:
         elif existing.etag != etag or existing.size != size or existing.mtime_ns != mtime_ns:
             existing.size, existing.mtime_ns, existing.etag = size, mtime_ns, etag
             self._served.pop(existing.ino, None)  # the next open drops the kernel's pages
-            if existing.nlookup:
+            if existing.nlookup and not written:
                 self.notifier.inode(existing.ino)
         return existing
 
@@ -479,8 +483,8 @@ class FileSystem:
     def stat(self, node: Node) -> tuple[int, int, int, int, float]:
         """(mode, nlink, size, mtime_ns, cache timeout) of ``node``."""
         vs = node.view if node.is_dir else node.parent.view
-        # a view's top directory is always u+w: the kernel checks write permission for
-        # setxattr(user.delvefs.sync) (delvefs watch); writes there answer EROFS anyway
+        # a view's top directory is always u+w: ``delvefs watch`` sets user.delvefs.sync
+        # there (access(2) says it may); other writes there answer EROFS anyway
         writable = True if vs is None or node is vs.top else vs.writable
         if node.is_dir:
             return mode_of(node, writable), 2, 0, node.mtime_ns, self.timeout(node)
@@ -522,6 +526,16 @@ class FileSystem:
         if not node.gone:
             await self._fresh_for(node)
         return node
+
+    def access(self, ino: int, mode: int) -> None:
+        """access(2) of the mount's user: the owner bits ``stat`` shows; write access
+        refused in a read-only view is EROFS (as the writes there), anything else EACCES."""
+        node = self._node(ino)
+        missing = mode & (os.R_OK | os.W_OK | os.X_OK) & ~(self.stat(node)[0] >> 6)
+        if missing:
+            vs = node.view if node.is_dir else node.parent.view
+            read_only = missing == os.W_OK and vs is not None and not vs.writable
+            raise FsError(errno.EROFS if read_only else errno.EACCES)
 
     async def opendir(self, ino: int) -> int:
         node = self._node(ino)
@@ -721,7 +735,7 @@ class FileSystem:
             if self.can_match(vs, key, obj["size"], tags):
                 vs.overlay[key] = Pending("put", obj["etag"], deadline)
                 # ``quiet``: the view written through; the kernel knows that file already
-                self._put(vs, obj, notify=vs is not quiet, remote=False)
+                self._put(vs, obj, notify=vs is not quiet, remote=False, written=vs is quiet)
             else:
                 present = self._find(vs, key) is not None
                 vs.overlay.pop(key, None)
@@ -1073,7 +1087,8 @@ class FileSystem:
         vs = node.parent.view
         bucket, key = vs.bucket, node.key
         entry = self.cache.get(bucket, key)
-        lock = self._entry_lock(entry) if entry is not None and entry.dirty else trio.Lock()
+        # only a dirty file has an upload to wait for (a lock nobody else holds costs a yield)
+        lock = self._entry_lock(entry) if entry is not None and entry.dirty else contextlib.nullcontext()
         async with lock:
             if node.gone:
                 raise FsError(errno.ENOENT)

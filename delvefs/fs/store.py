@@ -1,4 +1,5 @@
-"""Async access to S3 for the core: every boto3 call runs in a worker thread
+"""Async access to S3 for the core: every S3 call (boto3's, or :class:`s3.LeanClient`'
+for deletes, HEADs, small PUTs and downloads) runs in a worker thread
 (``trio.to_thread.run_sync``) under a CapacityLimiter, so the trio loop never blocks.
 
 ``S3Store`` is the real one; tests give the core a fake with the same coroutines
@@ -8,7 +9,9 @@ Errors come out as :class:`StoreError` with an errno (ENOENT, EACCES, EIO, ...).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
+import os
 import threading
 import time
 
@@ -49,14 +52,19 @@ def _map(exc: BaseException, what: str) -> StoreError:
 
 CLIENT = object()   # placeholders in S3Store._call's arguments
 MANAGER = object()
+LEAN = object()     # the lean client (``lean``) if given, else CLIENT
 
 
 class S3Store:
     """``client`` is a boto3 client, or a function that makes one: then it is made on first
-    use (or by ``warm``) in a worker thread, so a mount need not wait for botocore."""
+    use (or by ``warm``) in a worker thread, so a mount need not wait for botocore.
+    ``lean`` (an :class:`s3.LeanClient`, when the credentials are static) makes the
+    DeleteObject, HeadObject and single-PutObject requests and the downloads' ranged GETs
+    instead of it."""
 
     def __init__(self, client, *, threads: int = 32, part_size: int = 8 * 1024 * 1024,
-                 part_concurrency: int = 10):
+                 part_concurrency: int = 10, copy_threshold: int = s3.MAX_SINGLE_COPY,
+                 lean: s3.LeanClient | None = None):
         self._factory = client if callable(client) and not hasattr(client, "meta") else None
         self._client = None if self._factory is not None else client
         self._manager = None
@@ -66,7 +74,10 @@ class S3Store:
         self.part_size = part_size
         self.part_concurrency = part_concurrency
         self._copier = None
+        # renames below it are one CopyObject: the copy appears with its tags at once
+        self.copy_threshold = copy_threshold
         self._uploads = trio.CapacityLimiter(4)  # whole-object uploads at once
+        self.lean = lean
         if self._client is not None:
             self._make()
 
@@ -98,35 +109,85 @@ class S3Store:
             log.warning("S3 client: %s", exc)
 
     def close(self) -> None:
+        if self.lean is not None:
+            self.lean.close()
         if self._manager is not None:
             self._manager.shutdown()
         if self._copier is not None:
             self._copier.shutdown()
 
     async def _call(self, what: str, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` in a worker thread; ``CLIENT`` / ``MANAGER`` in args
-        stand for the client and the transfer manager (made there on first use)."""
+        """``fn(*args, **kwargs)`` in a worker thread; ``CLIENT`` / ``MANAGER`` / ``LEAN``
+        in args stand for the client, the transfer manager (made there on first use) and
+        the lean client."""
+        if self.lean is not None:
+            args = tuple(self.lean if a is LEAN else a for a in args)
+
         def run():
-            if self._manager is None:
+            if self._manager is None and any(a is CLIENT or a is MANAGER or a is LEAN for a in args):
                 self._make()
-            return fn(*(self._client if a is CLIENT else self._manager if a is MANAGER else a
-                        for a in args), **kwargs)
+            return fn(*(self._client if a is CLIENT or a is LEAN else self._manager if a is MANAGER
+                        else a for a in args), **kwargs)
         try:
             return await trio.to_thread.run_sync(run, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
             raise _map(exc, what) from exc
 
     async def head(self, bucket: str, key: str) -> dict:
-        return await self._call(f"HEAD {bucket}/{key}", s3.head_object, CLIENT, bucket, key)
+        return await self._call(f"HEAD {bucket}/{key}", s3.head_object, LEAN, bucket, key)
 
     async def tags(self, bucket: str, key: str) -> dict[str, str]:
         return await self._call(f"GetObjectTagging {bucket}/{key}", s3.get_object_tags,
                                 CLIENT, bucket, key)
 
-    async def download(self, bucket: str, key: str, filename: str, *, etag: str, size: int) -> None:
+    async def download(self, bucket: str, key: str, target, *, etag: str, size: int) -> None:
+        """The object version ``etag`` (``size`` bytes; every GET pinned to it with If-Match)
+        into ``target``: a file name, or a :class:`delvefs.cache.Download` (readable while
+        it fills). With ``lean``: ranged GETs of ``part_size``, ``part_concurrency`` at a
+        time in worker threads, started in the order of their offsets (a streaming reader
+        needs the first bytes first); else s3transfer."""
+        what = f"GET {bucket}/{key}"
         async with self._downloads:
-            await self._call(f"GET {bucket}/{key}", s3.download_object, MANAGER, bucket, key,
-                             filename, etag=etag, size=size)
+            if self.lean is None:
+                await self._call(what, s3.download_object, MANAGER, bucket, key, target,
+                                 etag=etag, size=size)
+                return
+            fd = None
+            try:
+                if isinstance(target, str):
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    write = functools.partial(_write_at, fd)
+                else:
+                    write = target.write_at
+                await self._get_parts(bucket, key, etag, size, write)
+            except Exception as exc:  # noqa: BLE001 — mapped to an errno
+                raise _map(exc, what) from exc
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+    async def _get_parts(self, bucket: str, key: str, etag: str, size: int, write) -> None:
+        running = trio.Semaphore(self.part_concurrency)
+        threads = trio.CapacityLimiter(self.part_concurrency)
+        failed: list[Exception] = []
+
+        async def part(start: int) -> None:
+            try:
+                await trio.to_thread.run_sync(functools.partial(
+                    self.lean.get_range, bucket, key, start, min(start + self.part_size, size),
+                    etag=etag, write=write), limiter=threads)
+            except Exception as exc:  # noqa: BLE001 — the first one is raised below
+                failed.append(exc)
+                nursery.cancel_scope.cancel()
+            finally:
+                running.release()
+
+        async with trio.open_nursery() as nursery:
+            for start in range(0, size, self.part_size):
+                await running.acquire()
+                nursery.start_soon(part, start)
+        if failed:
+            raise failed[0]
 
     async def upload(self, bucket: str, key: str, filename: str, *, size: int,
                      tags: dict[str, str] | None, content_type: str | None) -> dict:
@@ -136,7 +197,7 @@ class S3Store:
         started = time.monotonic()
         async with self._uploads:
             if size < self.part_size:
-                etag = await self._call(what, s3.put_file, CLIENT, bucket, key, filename,
+                etag = await self._call(what, s3.put_file, LEAN, bucket, key, filename,
                                         tags=tags, content_type=content_type)
                 return {"etag": etag, "size": size, "mtime": None}
             await self._call(what, s3.upload_file, MANAGER, bucket, key, filename,
@@ -152,13 +213,13 @@ class S3Store:
         def copy(client):
             with self._made:
                 if self._copier is None:
-                    self._copier = s3.make_copy_manager(client)
+                    self._copier = s3.make_copy_manager(client, threshold=self.copy_threshold)
             s3.copy_object(self._copier, bucket, key, src_bucket, src_key)
         await self._call(f"COPY {src_bucket}/{src_key} to {bucket}/{key}", copy, CLIENT)
         return await self.head(bucket, key)
 
     async def delete(self, bucket: str, key: str) -> None:
-        await self._call(f"DELETE {bucket}/{key}", s3.delete_object, CLIENT, bucket, key)
+        await self._call(f"DELETE {bucket}/{key}", s3.delete_object, LEAN, bucket, key)
 
     async def put_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
         await self._call(f"PutObjectTagging {bucket}/{key}", s3.put_object_tags, CLIENT,
@@ -166,3 +227,9 @@ class S3Store:
 
     async def check_bucket(self, bucket: str) -> None:
         await self._call(f"bucket {bucket}", lambda c: c.head_bucket(Bucket=bucket), CLIENT)
+
+
+def _write_at(fd: int, offset: int, data) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n

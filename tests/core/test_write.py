@@ -272,9 +272,18 @@ async def test_erofs_on_read_only_views(make_world):
     assert await errno_of(w.fs.setxattr(a.ino, "user.t", b"v")) == errno.EROFS
     assert await errno_of(w.fs.setattr(a.ino, size=0)) == errno.EROFS
     assert await errno_of(w.fs.create(1, "n", W)) == errno.EACCES   # the mount's root
-    # the view's directory stays u+w (the kernel checks it for setxattr): sync works
+    # the view's directory stays u+w (user.delvefs.sync is set there): sync works
     assert w.fs.stat(top)[0] & 0o200 and not w.fs.stat(a)[0] & 0o200
     await w.fs.setxattr(top.ino, "user.delvefs.sync", b"1")
+    # access(2) follows the modes shown; write access in a read-only view is EROFS
+    w.fs.access(a.ino, os.R_OK)
+    w.fs.access(top.ino, os.R_OK | os.W_OK | os.X_OK)
+    with pytest.raises(FsError) as e:
+        w.fs.access(a.ino, os.W_OK)
+    assert e.value.errno == errno.EROFS
+    with pytest.raises(FsError) as e:
+        w.fs.access(a.ino, os.X_OK)
+    assert e.value.errno == errno.EACCES
 
 
 async def test_unlinked_while_open_is_not_uploaded(make_world):

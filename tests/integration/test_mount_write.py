@@ -197,6 +197,37 @@ def test_view_and_sync_xattrs(mounts, s3, bucket):
     assert listdir(mp / "data") == ["late.txt"]
 
 
+def test_permissions_checked_by_the_mount(mounts, s3, bucket):
+    # no default_permissions: the kernel checks no modes (not even for root, as the tests
+    # run); the mount refuses writes itself and answers access(2) from the modes it shows
+    put(s3, bucket, "data/r.txt", b"r")
+    mp = mounts.mount(write_views(bucket) + f"""
+    ro:
+      bucket: {bucket}
+      object: "data/*"
+      writable: false
+      ttl: {TTL}s
+    """)
+    assert os.stat(mp / "ro/r.txt").st_mode & 0o777 == 0o444
+    assert os.stat(mp / "data/r.txt").st_mode & 0o777 == 0o644
+    assert not os.access(mp / "ro/r.txt", os.W_OK) and os.access(mp / "ro/r.txt", os.R_OK)
+    assert os.access(mp / "data/r.txt", os.W_OK) and not os.access(mp / "data/r.txt", os.X_OK)
+    assert os.access(mp / "ro", os.W_OK | os.X_OK)          # for user.delvefs.sync
+
+    def refused(fn, *args) -> int:
+        with pytest.raises(OSError) as e:
+            fn(*args)
+        return e.value.errno
+    assert refused(open, mp / "ro/r.txt", "wb") == errno.EROFS
+    assert refused(open, mp / "ro/new.txt", "wb") == errno.EROFS
+    assert refused(os.unlink, mp / "ro/r.txt") == errno.EROFS
+    assert refused(os.truncate, mp / "ro/r.txt", 0) == errno.EROFS
+    assert refused(os.mkdir, mp / "new-dir") == errno.EACCES   # the mount's root
+    assert get(s3, bucket, "data/r.txt") == b"r"
+    (mp / "data/r.txt").write_bytes(b"w")
+    assert get(s3, bucket, "data/r.txt") == b"w"
+
+
 # --- outages and crashes: services of their own ---
 
 @pytest.fixture

@@ -26,3 +26,18 @@ def test_presign_matches_boto3(endpoint, region, bucket):
 def test_presign_needs_endpoint_and_static_keys():
     assert s3.presign_list_url(S3Settings(None, "a", "b", "us-east-1"), "x") is None
     assert s3.presign_list_url(S3Settings("http://h:1", None, None, "us-east-1"), "x") is None
+
+
+@pytest.mark.parametrize("token", ["FwoGZXIvYXdzEJr//////////wEaDAb+token/with=odd&chars",
+                                   "eyJhbGciOiJIUzUxMiIsInR5cCI6IkpXVCJ9." + "x" * 600])
+def test_presign_with_session_token_matches_boto3(token):
+    # temporary (STS) credentials: the token is a signed query parameter
+    settings = S3Settings("http://127.0.0.1:9000", "ASIAEXAMPLE",
+                          "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "us-east-1", token)
+    url = s3.presigned_list_url(s3.make_client(settings), "bucket")
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    assert query["X-Amz-Security-Token"] == [token]
+    when = datetime.datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(
+        tzinfo=datetime.timezone.utc)
+    ours = s3.presign_list_url(settings, "bucket", now=when)
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(ours).query) == query
