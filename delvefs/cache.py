@@ -191,6 +191,7 @@ class DataCache:
         self._busy: dict[tuple[str, str], trio.Event] = {}
         self._seq = itertools.count()
         self.downloads = 0  # statistics, for tests and logs
+        self.streaming = 0  # streaming downloads running now
         self.heads = 0
         self.evictions = 0
 
@@ -304,6 +305,7 @@ class DataCache:
 
         async def run():
             error = None
+            self.streaming += 1
             try:
                 await store.download(bucket, key, dl, etag=etag, size=size)
                 self.downloads += 1
@@ -321,6 +323,7 @@ class DataCache:
                 if not isinstance(exc, Exception):
                     raise
             finally:
+                self.streaming -= 1
                 dl.finish(error)
                 os.close(dl.fd)
                 if entry.download is dl:

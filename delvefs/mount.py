@@ -254,16 +254,20 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             nursery.start_soon(core.prefetch)
             ready()
             if lazy:
-                nursery.start_soon(_warm, store)
+                nursery.start_soon(_warm, store, cache)
         log.info("unmounted %s", mountpoint)
 
 
-async def _warm(store) -> None:
-    """Make the S3 client in the background once the mount is ready (after a moment, so
-    that a first ``ls`` does not share the GIL with botocore); a first read makes it
-    itself if it comes earlier."""
+async def _warm(store, cache) -> None:
+    """Make the boto3 client (tags, copies, multipart uploads; the lean client does the
+    rest) in the background once the mount is ready — after a moment, so that a first
+    ``ls`` does not share the GIL with botocore, and not while a large download streams
+    (building it took 0.2-0.5 s off a first 1 GiB read). An operation that needs it
+    earlier makes it itself."""
     import trio
     await trio.sleep(0.5)
+    while cache.streaming:
+        await trio.sleep(0.25)
     await store.warm()
 
 
