@@ -45,7 +45,7 @@ from pathlib import Path
 
 import trio
 
-from .fs.store import Changed, StoreError
+from .fs.store import Changed, StoreError, pwrite_all
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,8 @@ class Download:
 
     def write_at(self, offset: int, data) -> int:
         """Store ``data`` at ``offset`` (any thread)."""
-        n = os.pwrite(self.fd, data, offset)
-        while n < len(data):  # a short write to a regular file: the rest, or the error
-            n += os.pwrite(self.fd, data[n:], offset + n)
+        pwrite_all(self.fd, offset, data)
+        n = len(data)
         start, end = offset, offset + n
         with self._lock:
             if start <= self.done:

@@ -189,6 +189,13 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
           ConnectionAbortedError)
 
 
+def _backoff(attempt: int) -> None:
+    """botocore's wait before try ``attempt`` (0 = the first: none): random, at most 1 s,
+    2 s, 4 s, ... 20 s."""
+    if attempt:
+        time.sleep(random.random() * min(20, 2 ** (attempt - 1)))
+
+
 class LeanClient:
     """DeleteObject, HeadObject, PutObject (body in memory) and ranged GETs (``get_range``,
     the mount's downloads) without botocore: SigV4
@@ -254,20 +261,16 @@ class LeanClient:
         while start < end:
             if attempt == self.attempts:
                 raise error
-            if attempt:
-                time.sleep(random.random() * min(20, 2 ** (attempt - 1)))
+            _backoff(attempt)
             attempt += 1
             headers = {"range": f"bytes={start}-{end - 1}", "if-match": f'"{etag}"'}
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            reused, began, failed = conn is not None, start, None
             try:
-                conn = conn or self._connect()
-                conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
-                for k, v in self.sign("GET", path, headers, b"").items():
-                    conn.putheader(k, v)
-                conn.endheaders()
-                resp = conn.getresponse()
+                conn, resp = self._open("GET", path, headers, b"")
+            except (OSError, http.client.HTTPException) as exc:
+                error = exc
+                continue
+            failed = None
+            try:
                 if resp.status >= 300:
                     error = self._error("GET", resp.status, resp.read())
                     self._keep(conn, resp)
@@ -289,11 +292,8 @@ class LeanClient:
                         break
                     start += n
             except (OSError, http.client.HTTPException) as exc:
-                if conn is not None:
-                    conn.close()
+                conn.close()
                 error = exc
-                if reused and start == began and isinstance(exc, _STALE):
-                    attempt -= 1  # a kept-alive connection the server had closed: no try
                 continue
             if failed is not None:
                 conn.close()
@@ -345,24 +345,29 @@ class LeanClient:
         path = self.path(bucket, key)
         error: BaseException | None = None
         for attempt in range(self.attempts):
-            if attempt:
-                time.sleep(random.random() * min(20, 2 ** (attempt - 1)))
+            _backoff(attempt)
             try:
-                status, answer, data = self._send(method, path, headers or {}, body)
+                conn, resp = self._open(method, path, headers or {}, body)
+                try:
+                    data = resp.read()
+                except BaseException:
+                    conn.close()
+                    raise
             except (OSError, http.client.HTTPException) as exc:
                 error = exc
                 continue
-            if status < 300:
-                return answer, data
-            error = self._error(method, status, data)
-            if status not in _RETRY_STATUS and error.code not in _RETRY_CODES:
+            self._keep(conn, resp)
+            if resp.status < 300:
+                return resp.headers, data
+            error = self._error(method, resp.status, data)
+            if resp.status not in _RETRY_STATUS and error.code not in _RETRY_CODES:
                 break
         raise error
 
-    def _send(self, method: str, path: str, headers: dict[str, str], body: bytes):
-        """One try: (status, headers, body) of the answer. A pooled connection the server
-        has closed meanwhile is dropped and the request sent again on another (pooled or
-        new) one, without counting as a try."""
+    def _open(self, method: str, path: str, headers: dict[str, str], body: bytes):
+        """Send one request; (connection, response) once its status line and headers are
+        in. A pooled connection the server has closed meanwhile is dropped and the request
+        sent again on another (pooled or new) one, without counting as a try."""
         while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
@@ -375,8 +380,7 @@ class LeanClient:
                 if body or method == "PUT":
                     conn.putheader("content-length", str(len(body)))
                 conn.endheaders(body or None)
-                resp = conn.getresponse()
-                data = resp.read()
+                return conn, conn.getresponse()
             except _STALE:
                 conn.close()
                 if reused:
@@ -385,12 +389,6 @@ class LeanClient:
             except BaseException:
                 conn.close()
                 raise
-            if resp.will_close:
-                conn.close()
-            else:
-                with self._lock:
-                    self._idle.append(conn)
-            return resp.status, resp.headers, data
 
     def _connect(self) -> http.client.HTTPConnection:
         ep = self._ep

@@ -239,7 +239,7 @@ class Api:
     async def _changes(self, info, since, limit):
         # small answers inline; the log read is bounded by `limit` relevant entries
         res = self.engine.changes(info, since, limit)
-        # a compaction during the read may have removed entries it needed: check again
+        # checked after the read: a compaction during it may have removed entries it needed
         self._check_since(info, since)
         return res
 
@@ -253,7 +253,6 @@ class Api:
         await self._wait_ready(info, 30.0 if wait else 0.0)
         deadline = time.monotonic() + wait
         while True:
-            self._check_since(info, since)
             ev = self.hub.event(info.bucket)
             res = await self._changes(info, since, limit)
             if res["changes"] or res["more"]:

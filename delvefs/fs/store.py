@@ -120,14 +120,14 @@ class S3Store:
         """``fn(*args, **kwargs)`` in a worker thread; ``CLIENT`` / ``MANAGER`` / ``LEAN``
         in args stand for the client, the transfer manager (made there on first use) and
         the lean client."""
-        if self.lean is not None:
-            args = tuple(self.lean if a is LEAN else a for a in args)
+        lean = self.lean if self.lean is not None else CLIENT
+        args = tuple(lean if a is LEAN else a for a in args)
 
         def run():
-            if self._manager is None and any(a is CLIENT or a is MANAGER or a is LEAN for a in args):
+            if self._manager is None and any(a is CLIENT or a is MANAGER for a in args):
                 self._make()
-            return fn(*(self._client if a is CLIENT or a is LEAN else self._manager if a is MANAGER
-                        else a for a in args), **kwargs)
+            return fn(*(self._client if a is CLIENT else self._manager if a is MANAGER else a
+                        for a in args), **kwargs)
         try:
             return await trio.to_thread.run_sync(run, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
@@ -156,7 +156,7 @@ class S3Store:
             try:
                 if isinstance(target, str):
                     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    write = functools.partial(_write_at, fd)
+                    write = functools.partial(pwrite_all, fd)
                 else:
                     write = target.write_at
                 await self._get_parts(bucket, key, etag, size, write)
@@ -229,7 +229,8 @@ class S3Store:
         await self._call(f"bucket {bucket}", lambda c: c.head_bucket(Bucket=bucket), CLIENT)
 
 
-def _write_at(fd: int, offset: int, data) -> None:
+def pwrite_all(fd: int, offset: int, data) -> None:
+    """All of ``data`` at ``offset`` (a short write: the rest, or the error)."""
     while data:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
