@@ -39,7 +39,6 @@ from concurrent.futures import ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 
 from rulesets import ObjectInfo, View, compile_views, view_id
-from rulesets.globs import literal_prefix
 
 from delvefs import s3 as s3mod
 
@@ -59,7 +58,7 @@ _EMPTY: dict = {}  # shared, never mutated
 
 class BucketState:
     __slots__ = ("name", "state", "version", "committed", "tags", "held", "ready", "scanned",
-                 "rematch_needed", "purged")
+                 "rematch_needed", "purged", "groups")
 
     def __init__(self, name, state, version, tags=False, scanned=0.0, purged=0):
         self.name = name
@@ -73,6 +72,10 @@ class BucketState:
         self.ready = threading.Event()
         self.scanned = scanned
         self.rematch_needed = False
+        # bitmaps of the bucket's membership groups (``m`` records): a superset of the
+        # non-empty ones, replaced (never mutated) by writers under the lock, so listing
+        # threads read it without one; rebuilt from the store by each compaction
+        self.groups: frozenset[bytes] = frozenset()
         if state == READY:
             self.ready.set()
 
@@ -82,14 +85,11 @@ class BucketState:
 
 
 class ViewInfo:
-    __slots__ = ("id", "slot", "spec", "view", "bucket", "names", "floor", "ready", "created",
-                 "key_prefix")
+    __slots__ = ("id", "slot", "spec", "view", "bucket", "names", "floor", "ready", "created")
 
     def __init__(self, vid, slot, spec, view, names, floor, ready, created):
         self.id, self.slot, self.spec, self.view = vid, slot, spec, view
         self.bucket = view.bucket
-        # every member's key starts with this: a listing reads only that key range
-        self.key_prefix = literal_prefix(view.object) if view.object else ""
         self.names, self.floor, self.ready, self.created = names, floor, ready, created
 
     def record(self) -> bytes:
@@ -167,6 +167,7 @@ class Engine:
             self.buckets[name] = BucketState(name, rec["state"], rec["version"], rec.get("tags", False),
                                              rec.get("scanned", 0.0), rec.get("purged", 0))
             self.buckets[name].held = store.last_held(name)
+            self.buckets[name].groups = frozenset(store.member_groups(name))
         self._recompile()
 
     # ---- plumbing ------------------------------------------------------------------
@@ -418,6 +419,7 @@ class Engine:
         touched: set[str] = set()
         buckets = self.buckets
         cprefixes: dict = {}
+        new_groups = []
         pack_v = st.pack_version
         memo = self._bits_memo
         for i, ((bucket, key), old, new) in enumerate(todo):
@@ -459,6 +461,16 @@ class Engine:
                     if new[OBJ_LV]:
                         delete(cprefix + pack_v(new[OBJ_LV]))
                     new[OBJ_LV] = v
+            if slots != old_slots:
+                if old_slots:
+                    delete(st.k_member(bucket, old_slots, key))
+                if slots:
+                    put(st.k_member(bucket, slots, key), packb([new[OBJ_SIZE], new[OBJ_MTIME], new[OBJ_ETAG]]))
+                    if slots not in buckets[bucket].groups:
+                        new_groups.append((bucket, slots))
+            elif slots and (old[OBJ_SIZE] != new[OBJ_SIZE] or old[OBJ_ETAG] != new[OBJ_ETAG]
+                            or old[OBJ_MTIME] != new[OBJ_MTIME]):
+                put(st.k_member(bucket, slots, key), packb([new[OBJ_SIZE], new[OBJ_MTIME], new[OBJ_ETAG]]))
             put(st.k_obj(bucket, key), packb(new))
             if flags & TAGS_PENDING:
                 put(st.k_tagwait(bucket, key), packb(new[OBJ_SEQ]))
@@ -468,6 +480,10 @@ class Engine:
             extra(wb)
         for b in touched:
             put(st.k_bucket(b), buckets[b].record())
+        # groups before the write: a listing that reads the new version (taken before its
+        # groups) must find the new group; an empty one only costs it a seek
+        for b, g in new_groups:
+            buckets[b].groups = buckets[b].groups | {g}
         try:
             wb.write()
         except BaseException:
@@ -870,6 +886,8 @@ class Engine:
             after = last
         if purged:
             log.info("compacted %s: %d tombstones removed", bucket, purged)
+        with self.lock:  # drop groups that emptied (under the lock: no group is added meanwhile)
+            self.buckets[bucket].groups = frozenset(self.store.member_groups(bucket))
         return purged
 
     def _purge(self, bucket: str, chunk) -> int:
@@ -935,19 +953,20 @@ class Engine:
                 "views": [infos[s].id for s in slots_of(rec[OBJ_SLOTS])]}
 
     def list_view(self, info: ViewInfo, after: str | None, limit: int) -> dict:
-        """One page of a view: the bucket's objects whose slots hold the view's, in key order
-        (only the key range of the view's literal ``object`` prefix is read)."""
-        version = self.buckets[info.bucket].committed
+        """One page of a view, in key order: a merge of the membership groups that hold its
+        slot (only its members are read). The version is taken first, so changes after it
+        may already show; a client applies the changes since it, which is idempotent."""
+        bs = self.buckets[info.bucket]
+        version = bs.committed
         slot = info.slot
+        groups = [g for g in bs.groups if bits_has(g, slot)]
         objects = []
         more = False
-        for key, rec in self.store.iter_objects(info.bucket, after=after, key_prefix=info.key_prefix):
-            if bits_has(rec[OBJ_SLOTS], slot):
-                if len(objects) >= limit:
-                    more = True
-                    break
-                objects.append({"key": key, "size": rec[OBJ_SIZE], "mtime": rec[OBJ_MTIME],
-                                "etag": rec[OBJ_ETAG]})
+        for key, (size, mtime, etag) in self.store.iter_members(info.bucket, groups, after):
+            if len(objects) >= limit:
+                more = True
+                break
+            objects.append({"key": key, "size": size, "mtime": mtime, "etag": etag})
         return {"version": version, "objects": objects,
                 "next": objects[-1]["key"] if more and objects else None}
 

@@ -22,6 +22,11 @@ key                    value                                                    
                         lv, flags]: object metadata (OBJ_* indices below)
 ``c`` bucket\\0 v       [key, deleted, slots, ever|None (= slots), size, mtime,     batches
                         etag]: change log of the bucket, shared by all its views
+``m`` bucket\\0 g key   [size, mtime, etag]: the membership index — one entry per    batches
+                        object that matches at least one view, filed under its
+                        ``slots`` bitmap g (prefixed with its 2-byte big-endian
+                        length): every member of a view lies in the groups g
+                        that hold its slot
 ``T`` bucket\\0key      int seq: a GetObjectTagging for version seq is pending      batches
 ``E`` bucket\\0 n       [kind, key, seq, size, etag, mtime, metadata, name]: an      consumer
                        event of a bucket whose first scan is running, held until
@@ -43,10 +48,13 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
   (bytes; bit i = slot i; b"" for tombstones; never changed while ``flags & TAGS_PENDING``);
   ``ever`` = bitmap union of all slots the key was in since it was first seen (so a change
   entry can tell a view "this key left you"). Slots are never reused (views are not removed).
-  A view's listing is the bucket's ``o`` records whose ``slots`` hold its slot (no per-view
-  index: an event then costs O(1) writes however many views match; see docs/PERFORMANCE.md);
-  only the key range of the literal prefix of the view's ``object`` glob is read (every
-  member starts with it), so a view carved out of a huge bucket by prefix lists fast.
+- ``m bucket\\0 g key`` exists iff the ``o`` record of key has ``slots`` == g != b"", and
+  holds that record's size, mtime and etag. A view's listing merges, in key order, the
+  groups whose bitmap holds its slot: it reads its members and nothing else, however big
+  the bucket. The index is grouped by the whole bitmap rather than kept per view so that
+  an event costs O(1) writes however many views match (one put when a member changes,
+  plus one delete when its set of views changes); the number of distinct groups is the
+  number of distinct combinations of views objects fall in (see docs/PERFORMANCE.md).
 - ``lv`` = version of the key's one change-log entry (0 = none): the log holds at most one
   entry per key (the newest); writing a new entry deletes ``c bucket v=lv``. Entry versions
   are the bucket's ``version`` counter, strictly increasing, starting at the epoch time in
@@ -63,13 +71,15 @@ log), not a power cut; AMQP acks are sent only after the batch is written.
 """
 from __future__ import annotations
 
+import contextlib
+import heapq
 import struct
 from collections.abc import Iterator
 
 import msgpack
 import plyvel
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the membership index (``m``), built from ``o`` when a schema-1 state is opened
 
 # object record fields
 OBJ_SEQ, OBJ_SIZE, OBJ_MTIME, OBJ_ETAG, OBJ_TAGS, OBJ_META, OBJ_SLOTS, OBJ_EVER, OBJ_LV, OBJ_FLAGS = range(10)
@@ -80,6 +90,7 @@ TAGS_PENDING = 2
 CH_KEY, CH_DELETED, CH_SLOTS, CH_EVER, CH_SIZE, CH_MTIME, CH_ETAG = range(7)
 
 _V = struct.Struct(">Q")
+_G = struct.Struct(">H")  # length of a membership group's bitmap
 packb = msgpack.Packer(use_bin_type=True).pack
 
 
@@ -108,6 +119,18 @@ def obj_prefix(bucket: str) -> bytes:
 def split_obj_key(k: bytes) -> tuple[str, str]:
     b, _, key = k[1:].partition(b"\0")
     return b.decode(), key.decode()
+
+
+def member_prefix(bucket: str) -> bytes:
+    return b"m" + bucket.encode() + b"\0"
+
+
+def member_group_prefix(bucket: str, slots: bytes) -> bytes:
+    return member_prefix(bucket) + _G.pack(len(slots)) + slots
+
+
+def k_member(bucket: str, slots: bytes, key: str) -> bytes:
+    return member_group_prefix(bucket, slots) + key.encode()
 
 
 def k_change(bucket: str, v: int) -> bytes:
@@ -169,11 +192,30 @@ class Store:
         self.db = plyvel.DB(path, create_if_missing=True, write_buffer_size=32 << 20,
                             lru_cache_size=64 << 20, max_open_files=500)
         raw = self.db.get(b"Sschema")
-        if raw is None:
-            self.db.put(b"Sschema", packb(SCHEMA))
-        elif unpackb(raw) != SCHEMA:
-            raise RuntimeError(f"{path}: state schema {unpackb(raw)} is not {SCHEMA}; "
+        schema = SCHEMA if raw is None else unpackb(raw)
+        if schema == 1:
+            self._build_member_index()
+        elif schema != SCHEMA:
+            raise RuntimeError(f"{path}: state schema {schema} is not {SCHEMA}; "
                                "remove the state directory to start afresh")
+        if schema != SCHEMA or raw is None:
+            self.db.put(b"Sschema", packb(SCHEMA))
+
+    def _build_member_index(self) -> None:
+        """Schema 1 → 2: file every object that matches a view in the membership index."""
+        wb = self.db.write_batch()
+        n = 0
+        for k, v in self.db.iterator(prefix=b"o"):
+            rec = unpackb(v)
+            if rec[OBJ_SLOTS]:
+                bucket, key = split_obj_key(k)
+                wb.put(k_member(bucket, rec[OBJ_SLOTS], key),
+                       packb([rec[OBJ_SIZE], rec[OBJ_MTIME], rec[OBJ_ETAG]]))
+                n += 1
+                if n % 10_000 == 0:
+                    wb.write()
+                    wb = self.db.write_batch()
+        wb.write()
 
     def close(self) -> None:
         if not self.db.closed:
@@ -197,25 +239,10 @@ class Store:
         return self.db.get(k)
 
     def iter_objects(self, bucket: str, after: str | None = None,
-                     upto: str | None = None, key_prefix: str = "") -> Iterator[tuple[str, list]]:
-        """(key, record) of a bucket in key order: after < key <= upto, and (when given) key
-        starts with ``key_prefix`` — only that key range of LevelDB is read."""
+                     upto: str | None = None) -> Iterator[tuple[str, list]]:
+        """(key, record) of a bucket in key order: after < key <= upto."""
         prefix = obj_prefix(bucket)
         n = len(prefix)
-        if key_prefix:
-            kp = prefix + key_prefix.encode()
-            if after is not None and prefix + after.encode() >= kp:
-                start, include_start = prefix + after.encode(), False
-            else:
-                start, include_start = kp, True
-            stop = _prefix_end(kp)
-            if upto is not None:
-                stop = min(stop, prefix + upto.encode() + b"\0")  # key <= upto
-            it = self.db.iterator(start=start, stop=stop, include_start=include_start)
-            with it:
-                for k, v in it:
-                    yield k[n:].decode(), unpackb(v)
-            return
         start = prefix + after.encode() if after is not None else prefix
         stop = prefix + upto.encode() if upto is not None else None
         it = self.db.iterator(start=start, stop=stop, include_stop=True,
@@ -224,6 +251,32 @@ class Store:
         with it:
             for k, v in it:
                 yield k[n:].decode(), unpackb(v)
+
+    def member_groups(self, bucket: str) -> list[bytes]:
+        """The bitmaps of the non-empty membership groups of ``bucket``: one seek per group."""
+        prefix = member_prefix(bucket)
+        n = len(prefix)
+        groups = []
+        with self.db.iterator(start=prefix, stop=_prefix_end(prefix), include_value=False) as it:
+            for k in it:
+                end = n + 2 + _G.unpack_from(k, n)[0]
+                groups.append(k[n + 2:end])
+                it.seek(_prefix_end(k[:end]))
+        return groups
+
+    def iter_members(self, bucket: str, groups, after: str | None = None) -> Iterator[tuple[str, list]]:
+        """(key, [size, mtime, etag]) of the members of the given groups, key > after, in key
+        order (a merge of one ordered range per group)."""
+        with contextlib.ExitStack() as stack:
+            ranges = []
+            for g in groups:
+                gp = member_group_prefix(bucket, g)
+                it = stack.enter_context(self.db.iterator(
+                    start=gp + after.encode() if after is not None else gp,
+                    include_start=after is None, stop=_prefix_end(gp)))
+                ranges.append(_members(it, len(gp)))
+            for key, raw in heapq.merge(*ranges) if len(ranges) > 1 else ranges[0] if ranges else ():
+                yield key.decode(), unpackb(raw)
 
     def iter_changes(self, bucket: str, since: int) -> Iterator[tuple[int, list]]:
         prefix = change_prefix(bucket)
@@ -264,6 +317,12 @@ class Store:
         for k, v in self.db.iterator(prefix=prefix):
             b, _, key = k[1:].partition(b"\0")
             yield b.decode(), key.decode(), unpackb(v)
+
+
+def _members(it, n: int):
+    # keys stay bytes until merged: UTF-8 byte order is code point order
+    for k, v in it:
+        yield k[n:], v
 
 
 def _prefix_end(prefix: bytes) -> bytes:

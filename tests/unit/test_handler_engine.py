@@ -1,5 +1,6 @@
 """The handler's engine on a real LevelDB with a fake S3 client (one layer): failed tag
-fetches are retried by a reconcile; listings read only the view's key prefix range."""
+fetches are retried by a reconcile; listings read only the view's members (the membership
+index) and always equal a full read of the object records."""
 from __future__ import annotations
 
 import threading
@@ -7,6 +8,8 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st_h
 from botocore.exceptions import ClientError
 
 from eventhandler import store as st
@@ -105,30 +108,117 @@ def test_reconcile_does_not_refetch_tags_under_way(engine):
     assert engine._retry_failed_tags("b") == 0
 
 
-def test_listing_reads_only_the_views_prefix(engine):
-    (out,) = engine.register([("runs", spec("b", object="runs/r1/*.fq"))])
-    info = ready(engine, out["id"])
-    assert info.key_prefix == "runs/r1/"
+def put_event(key, seq, size=1, etag="e"):
+    return parse_message(make_message("s3:ObjectCreated:Put", "b", key, seq, size=size, etag=etag)[0])
+
+
+def remove_event(key, seq):
+    return parse_message(make_message("s3:ObjectRemoved:Delete", "b", key, seq)[0])
+
+
+def brute_listing(eng, info):
+    """A view's members by reading every object record (what the index must agree with)."""
+    return [{"key": k, "size": r[st.OBJ_SIZE], "mtime": r[st.OBJ_MTIME], "etag": r[st.OBJ_ETAG]}
+            for k, r in eng.store.iter_objects(info.bucket) if st.bits_has(r[st.OBJ_SLOTS], info.slot)]
+
+
+def paged_listing(eng, info, limit):
+    out, after = [], None
+    while True:
+        page = eng.list_view(info, after, limit)
+        out += page["objects"]
+        if page["next"] is None:
+            return out
+        after = page["next"]
+
+
+def assert_index_matches_records(eng, bucket="b"):
+    """``m`` entries are exactly the objects with views, filed under their slots."""
+    index = {(g, k): v for g in eng.store.member_groups(bucket)
+             for k, v in eng.store.iter_members(bucket, [g])}
+    expected = {(r[st.OBJ_SLOTS], k): [r[st.OBJ_SIZE], r[st.OBJ_MTIME], r[st.OBJ_ETAG]]
+                for k, r in eng.store.iter_objects(bucket) if r[st.OBJ_SLOTS]}
+    assert index == expected
+    assert set(eng.store.member_groups(bucket)) <= eng.buckets[bucket].groups
+
+
+def test_listing_reads_only_the_views_members(engine):
+    outs = engine.register([("runs", spec("b", object="runs/r1/*.fq")),
+                            ("sel", spec("b", object="*.sel")),
+                            ("big", spec("b", object="*", size=[100, None]))])
+    runs, sel, big = (ready(engine, o["id"]) for o in outs)
     now = time.time_ns()
     events = []
     for i in range(50):
-        for key in (f"runs/r1/{i:03d}.fq", f"runs/r0/{i:03d}.fq", f"runs/r2/{i:03d}.fq", f"a{i}.fq"):
-            events += parse_message(make_message("s3:ObjectCreated:Put", "b", key, now + len(events),
-                                                 size=1, etag="e")[0])
+        for key in (f"runs/r1/{i:03d}.fq", f"runs/r0/{i:03d}.fq", f"data/{i:03d}.sel", f"a{i}.fq"):
+            events += put_event(key, now + len(events), size=100 if i % 10 == 0 else 1)
     engine.apply_events(events)
     read = []
-    orig = engine.store.iter_objects
+    orig = engine.store.iter_members
 
     def counting(*a, **kw):
         for item in orig(*a, **kw):
             read.append(item[0])
             yield item
-    engine.store.iter_objects = counting
-    assert keys(engine, info) == [f"runs/r1/{i:03d}.fq" for i in range(50)]
-    assert all(k.startswith("runs/r1/") for k in read)
-    page = engine.list_view(info, "runs/r1/010.fq", 5)
+    engine.store.iter_members = counting
+    listed = keys(engine, runs)
+    assert listed == [f"runs/r1/{i:03d}.fq" for i in range(50)]
+    assert read == listed  # its members, nothing else of the bucket
+    read.clear()
+    listed = keys(engine, sel)
+    assert listed == [f"data/{i:03d}.sel" for i in range(50)]  # no literal prefix
+    assert read == listed
+    assert len(keys(engine, big)) == 20
+    page = engine.list_view(runs, "runs/r1/010.fq", 5)
     assert [o["key"] for o in page["objects"]] == [f"runs/r1/{i:03d}.fq" for i in range(11, 16)]
     assert page["next"] == "runs/r1/015.fq"
+    # an object that changes size moves between groups; one removed leaves the index
+    engine.apply_events(put_event("data/001.sel", now + 10**6, size=500, etag="new")
+                        + remove_event("runs/r1/000.fq", now + 10**6 + 1))
+    assert "data/001.sel" in keys(engine, big) and "data/001.sel" in keys(engine, sel)
+    assert "runs/r1/000.fq" not in keys(engine, runs) + keys(engine, big)
+    assert next(o for o in engine.list_view(sel, None, 100)["objects"]
+                if o["key"] == "data/001.sel")["etag"] == "new"
+    assert_index_matches_records(engine)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st_h.lists(st_h.tuples(st_h.sampled_from(["put", "put", "remove", "register", "compact"]),
+                                  st_h.sampled_from(["a", "b/x.sel", "b/y", "c.sel", "runs/1", "runs/2.sel", "ü"]),
+                                  st_h.integers(0, 300)), max_size=40),
+       limit=st_h.integers(1, 4))
+def test_listings_from_the_index_equal_a_full_read(tmp_path_factory, ops, limit):
+    """Whatever sequence of creates, size changes, removes, new views and compactions:
+    every view's paged listing equals the brute-force filter of the object records."""
+    fake = FakeS3()
+    store = st.Store(str(tmp_path_factory.mktemp("db") / "db"))
+    eng = Engine(store, Metrics(), s3_factory=lambda: fake, s3_workers=1, job_workers=1)
+    eng.start()
+    try:
+        more_views = iter([spec("b", object="runs/*"), spec("b", object="*", size=[0, 99]),
+                           spec("b", object="b/*.sel", size=[50, None]), spec("b", object="?")])
+        out = eng.register([("sel", spec("b", object="*.sel")), ("big", spec("b", object="*", size=[100, None]))])
+        infos = [ready(eng, o["id"]) for o in out]
+        seq = time.time_ns() - 10**12
+        for op, key, size in ops:
+            seq += 1000
+            if op == "put":
+                eng.apply_events(put_event(key, seq, size=size, etag=f"e{seq}"))
+            elif op == "remove":
+                eng.apply_events(remove_event(key, seq))
+            elif op == "register":
+                view = next(more_views, None)
+                if view is not None:
+                    (o,) = eng.register([(f"v{len(infos)}", view)])
+                    infos.append(ready(eng, o["id"]))  # after the rematch of the bucket
+            else:
+                eng.compact("b", horizon=0)
+            for info in infos:
+                assert paged_listing(eng, info, limit) == brute_listing(eng, info)
+        assert_index_matches_records(eng)
+    finally:
+        eng.close()
+        store.close()
 
 
 def test_compaction_removes_old_tombstones_and_raises_the_change_floor(engine):

@@ -120,25 +120,52 @@ def test_store_iterators(tmp_path):
         st.Store(str(tmp_path / "db"))
 
 
-def test_store_iterates_only_a_key_prefix(tmp_path):
+def test_store_membership_index_groups_and_merge(tmp_path):
     s = st.Store(str(tmp_path / "db"))
+    # bitmaps with NUL and 0xFF bytes, of different lengths (the group's length prefix
+    # keeps one group's keys from running into another's)
+    groups = {b"\x01": ["b", "d", "ü/1"], b"\x03": ["a", "c"], b"\x00\x01": ["e"],
+              b"\xff": ["f", "g"], b"\xff\xff": ["h"], b"\x01\xff": ["0"]}
     try:
         wb = s.batch()
-        for key in ("a", "run/", "run/1", "run/2/x", "run0", "rum", "z", "ü/1"):
-            wb.put(st.k_obj("bk", key), st.packb(st.new_object(1, 1, 1.0, key, None, {})))
-        wb.put(st.k_obj("bk2", "run/9"), st.packb(st.new_object(1, 1, 1.0, "other", None, {})))
+        for g, ks in groups.items():
+            for key in ks:
+                wb.put(st.k_member("bk", g, key), st.packb([len(key), 1.0, key]))
+        wb.put(st.k_member("bk2", b"\x01", "zz"), st.packb([0, 0.0, "other"]))
+        wb.put(st.k_member("bj", b"\x01", "zz"), st.packb([0, 0.0, "other"]))
         s.write(wb)
+        assert sorted(s.member_groups("bk")) == sorted(groups)
+        assert s.member_groups("bk2") == [b"\x01"]
+        assert s.member_groups("none") == []
 
-        def keys(**kw):
-            return [k for k, _ in s.iter_objects("bk", **kw)]
-        assert keys(key_prefix="run/") == ["run/", "run/1", "run/2/x"]
-        assert keys(key_prefix="run/", after="run/") == ["run/1", "run/2/x"]
-        assert keys(key_prefix="run/", after="run/1") == ["run/2/x"]
-        assert keys(key_prefix="run/", after="a") == ["run/", "run/1", "run/2/x"]  # after < prefix
-        assert keys(key_prefix="run/", after="run0") == []                       # after > range
-        assert keys(key_prefix="run") == ["run/", "run/1", "run/2/x", "run0"]
-        assert keys(key_prefix="ü") == ["ü/1"]
-        assert keys(key_prefix="nothing") == []
-        assert keys(key_prefix="") == keys()
+        def keys(gs, after=None):
+            return [k for k, _ in s.iter_members("bk", gs, after)]
+        every = sorted(k for ks in groups.values() for k in ks)
+        assert keys(list(groups)) == every  # merged in key order (ü after ASCII)
+        assert keys(list(groups), after="c") == [k for k in every if k > "c"]
+        assert keys([b"\xff", b"\x03"]) == ["a", "c", "f", "g"]
+        assert keys([b"\xff"], after="f") == ["g"]
+        assert keys([]) == []
+        assert dict(s.iter_members("bk", [b"\x01"])) == {"b": [1, 1.0, "b"], "d": [1, 1.0, "d"],
+                                                           "ü/1": [3, 1.0, "ü/1"]}
+    finally:
+        s.close()
+
+
+def test_a_schema_1_state_gets_its_membership_index(tmp_path):
+    import plyvel
+    db = plyvel.DB(str(tmp_path / "db"), create_if_missing=True)
+    db.put(b"Sschema", st.packb(1))
+    for key, slots in (("in", b"\x05"), ("out", b""), ("also", b"\x01")):
+        rec = st.new_object(1, 7, 2.0, "e-" + key, None, {})
+        rec[st.OBJ_SLOTS] = slots
+        db.put(st.k_obj("bk", key), st.packb(rec))
+    db.close()
+    s = st.Store(str(tmp_path / "db"))
+    try:
+        assert sorted(s.member_groups("bk")) == [b"\x01", b"\x05"]
+        assert list(s.iter_members("bk", [b"\x01", b"\x05"])) == [
+            ("also", [7, 2.0, "e-also"]), ("in", [7, 2.0, "e-in"])]
+        assert st.unpackb(s.get_raw(b"Sschema")) == st.SCHEMA
     finally:
         s.close()
