@@ -17,6 +17,7 @@ every 50 ms). Prints markdown tables (for docs/PERFORMANCE.md).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -196,6 +197,11 @@ def latency(svc, h, vid: str, rate: float, seconds: float, mode: str = "poll") -
         except httpx.HTTPError:  # the handler stopped under it
             pass
 
+    # this client's own garbage collections must not count as the handler's latency: one
+    # full collection of this process paused the polling client for ~80 ms (gc.callbacks)
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     poller = threading.Thread(target=poll if mode == "poll" else listen, daemon=True)
     poller.start()
     # the publisher runs in its own process: the poller must not wait for it (GIL); both
@@ -208,6 +214,8 @@ def latency(svc, h, vid: str, rate: float, seconds: float, mode: str = "poll") -
         time.sleep(0.01)
     stop.set()
     poller.join(5)
+    gc.enable()
+    gc.unfreeze()
     text = httpx.get(h.url + "/metrics", timeout=5).text
     handler_hist = [(line.split('le="')[1].split('"')[0], float(line.rsplit(" ", 1)[1]))
                     for line in text.splitlines() if line.startswith("delvefs_event_latency_seconds_bucket")]

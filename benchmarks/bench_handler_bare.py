@@ -9,6 +9,7 @@ ack of the last (the same window bench_handler.py measures for the handler); wit
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -23,6 +24,10 @@ def main(url: str, queue: str, count: int, prefetch: int = 4000, max_batch: int 
     ch.basic_qos(prefetch_count=prefetch)
     buf = []
     ch.basic_consume(queue, lambda _c, m, p, b: buf.append((m.delivery_tag, p, b)))
+    if latency:  # as the handler's client in bench_handler.py: no collector pauses
+        gc.collect()
+        gc.freeze()
+        gc.disable()
     done = 0
     t_first = None
     lat: list[int] = []

@@ -85,15 +85,20 @@ def test_failed_tag_fetch_is_retried_by_reconcile(engine):
     engine.fake.tag_failures = 1
     body, _ = make_message("s3:ObjectCreated:Put", "b", "k", seq, size=3, etag="e1")
     engine.apply_events(parse_message(body))
-    wait_until(lambda: engine.fake.tag_calls >= 1, 10, "the tag fetch was tried")
-    time.sleep(0.3)
-    assert keys(engine, info) == []                         # the fetch failed: still pending
+    wait_until(lambda: ("b", "k") in engine._tag_failed, 10, "the tag fetch failed")
+    assert keys(engine, info) == []                         # still pending
     assert list(engine.store.pending_tags()) == [("b", "k", seq)]
     counts = engine.reconcile("b")["b"]
     assert counts["tags_retried"] == 1 and counts["removed"] == 0
     wait_until(lambda: keys(engine, info) == ["k"], 10, "the retried fetch brought the tags")
     assert list(engine.store.pending_tags()) == []
     assert engine.reconcile("b")["b"]["tags_retried"] == 0  # nothing owed any more
+    assert_index_matches_records(engine)
+    # retagged: the tagging event fetches the tags again and the key leaves the view
+    engine.fake.objects["k"]["tags"] = {"stage": "done"}
+    engine.apply_events(parse_message(make_message("s3:ObjectCreated:PutTagging", "b", "k", seq)[0]))
+    wait_until(lambda: keys(engine, info) == [], 10, "the retag moved the key out")
+    assert_index_matches_records(engine)
 
 
 def test_reconcile_does_not_refetch_tags_under_way(engine):
