@@ -148,6 +148,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
     from .fs.core import FileSystem
     from .fs.store import S3Store, StoreError
     from .handler_client import HandlerClient, HandlerError, HandlerUnavailable
+    from .quietgc import QuietGC
 
     settings = S3Settings.from_env()
     buckets = sorted({v.bucket for v in views})
@@ -230,9 +231,16 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
                     fuse_adapter.terminate()
                     return
 
+        async def quiet_gc():
+            quiet = QuietGC()
+            while True:
+                await trio.sleep(1.0)
+                quiet.tick()
+
         async with trio.open_nursery() as nursery:
             cache.nursery = nursery  # large objects stream (read while downloading)
             nursery.start_soon(notifier.run)
+            nursery.start_soon(quiet_gc)
             await nursery.start(watch_signals)
 
             async def serve_then_stop():

@@ -7,7 +7,7 @@ Wires, inside one ExitStack (torn down in reverse order):
                  threads (tags, time flips, periodic reconcile);
 3. ``Consumer``— the AMQP thread (pika BlockingConnection), acking after each commit;
 4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT;
-   beside it, ``calm_gc`` keeps full garbage collections off the event path.
+   beside it, ``quiet_gc`` keeps garbage collections off the event path (delvefs.quietgc).
 
 On a signal: the HTTP server stops, the consumer finishes and acks the batch in hand and
 closes its connection, the engine stops its threads, LevelDB is closed; exit 0.
@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 from aiohttp import web
 
 from delvefs import config
+from delvefs.quietgc import QuietGC
 
 log = logging.getLogger("delvefs.eventhandler")
 
@@ -61,26 +60,10 @@ async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event)
         await runner.cleanup()
 
 
-def calm_gc(stop: threading.Event, interval: float = 600.0, settle: float = 1.0) -> None:
-    """Keep Python's garbage collections out of the event path. A collection walks its
-    generations with the GIL held: a full one took 10-30 ms here (measured with
-    gc.callbacks, 8 in a 20 s latency run), more with the record cache full, at random
-    moments — a p99 latency term. So every ``settle`` seconds the young generations are
-    collected (bounded by the collector's thresholds: ~1 ms) and what survives is moved
-    out of the collector's sight (``gc.freeze``, O(1)): automatic collections then only
-    walk objects younger than a second (no pause over 1 ms in a latency run, logged with
-    gc.callbacks). Every ``interval`` seconds all of it is put back and collected once,
-    so cycles among older objects are still freed."""
-    gc.freeze()
-    last_full = time.monotonic()
-    while not stop.wait(settle):
-        if time.monotonic() - last_full >= interval:
-            gc.unfreeze()
-            gc.collect()
-            last_full = time.monotonic()
-        else:
-            gc.collect(1)
-        gc.freeze()
+def quiet_gc(stop: threading.Event) -> None:
+    quiet = QuietGC()
+    while not stop.wait(1.0):
+        quiet.tick()
 
 
 def run(args) -> int:
@@ -122,7 +105,7 @@ def run(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         gc_stop = threading.Event()
-        threading.Thread(target=calm_gc, args=(gc_stop,), name="delvefs-gc", daemon=True).start()
+        threading.Thread(target=quiet_gc, args=(gc_stop,), name="delvefs-gc", daemon=True).start()
         stack.callback(gc_stop.set)
         loop.run_until_complete(serve(api.app(), host, port, stop))
         log.info("stopping")
