@@ -16,6 +16,11 @@ available (up to ``max_batch`` messages), drops messages of untracked buckets by
 (one LevelDB WriteBatch), then rejects the invalid ones and acks the batch with one
 ``multiple=True`` ack. A lost connection is retried with exponential backoff (0.2 s .. 2 s; 5 s to connect);
 unacked messages are redelivered by the broker and re-applying them changes nothing.
+
+A LevelDB write that fails (``StorageError``: disk full, I/O error) is not the events' fault:
+nothing of that batch is acked or dead-lettered, the consumer closes its connection (the
+broker keeps the messages) and reports ``fatal``; the handler then exits non-zero, because
+LevelDB may refuse every later write until it is reopened. A restart re-applies the batch.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import pika
 import pika.exceptions
 
 from .events import InvalidEvent, message_bucket, parse_message
+from .store import StorageError
 
 log = logging.getLogger("delvefs.eventhandler.amqp")
 
@@ -86,7 +92,7 @@ class LagMonitor(threading.Thread):
 
 class Consumer(threading.Thread):
     def __init__(self, url: str, exchange: str, engine, metrics, *, queue: str | None = None,
-                 prefetch: int = 4000, max_batch: int = 2000):
+                 prefetch: int = 4000, max_batch: int = 2000, on_fatal=None):
         super().__init__(name="delvefs-amqp", daemon=True)
         self.url = url
         self.exchange = exchange
@@ -100,6 +106,8 @@ class Consumer(threading.Thread):
         self._stopping = threading.Event()
         self._invalid_logged = 0
         self.last_error: str | None = None
+        self.fatal: str | None = None  # why consuming stopped for good (the state cannot be written)
+        self._on_fatal = on_fatal or (lambda reason: None)
 
     def stop(self, timeout: float = 30) -> None:
         """Finish the batch in hand, ack it, close the connection."""
@@ -112,6 +120,16 @@ class Consumer(threading.Thread):
             try:
                 self._consume()
                 backoff = 0.2
+            except StorageError as exc:  # before OSError: plyvel.IOError is one
+                self.connected.clear()
+                self.state = "stopped"
+                self.fatal = self.last_error = f"LevelDB: {exc}"
+                self.metrics.storage_errors.inc()
+                log.error("writing the state failed (%s): consuming stopped; the batch in hand was "
+                          "neither acknowledged nor dead-lettered and waits in %s for a restart",
+                          exc, self.queue)
+                self._on_fatal(self.fatal)
+                return
             except (pika.exceptions.AMQPError, OSError) as exc:
                 self.connected.clear()
                 self.state = "reconnecting"
@@ -187,11 +205,15 @@ class Consumer(threading.Thread):
             events = [e for _, evs in parsed for e in evs]
             try:
                 self.engine.apply_events(events)
+            except StorageError:
+                raise  # the disk, not the events: nothing is acked or dead-lettered
             except Exception:
                 log.exception("applying a batch of %d events failed; retrying one by one", len(events))
                 for tag, evs in parsed:
                     try:
                         self.engine.apply_events(evs)
+                    except StorageError:
+                        raise
                     except Exception as exc:
                         invalid.append(tag)
                         self._log_invalid(exc, repr(evs).encode())

@@ -125,8 +125,10 @@ def _http_date_ns(value: str | None) -> int:
 class Engine:
     def __init__(self, store: st.Store, metrics, s3_factory=s3mod.make_client, *,
                  s3_workers: int = 16, job_workers: int = 2, reconcile_interval: float = 0.0,
-                 tombstone_horizon: float = 86400.0):
+                 tombstone_horizon: float = 86400.0, on_storage_error=None):
         self.store = store
+        # called (any thread) with a reason when LevelDB cannot be written: the process stops
+        self.on_storage_error = on_storage_error or (lambda reason: None)
         self.metrics = metrics
         self.lock = threading.RLock()
         self._s3_factory = s3_factory
@@ -245,10 +247,18 @@ class Engine:
     def _guard(self, fn, *args):
         try:
             return fn(*args)
-        except Exception:
-            if not self._stop.is_set():
-                log.exception("background job %s%r failed", fn.__name__, args)
+        except Exception as exc:
+            self._background_failed(exc, f"background job {fn.__name__}{args!r}")
             raise
+
+    def _background_failed(self, exc: Exception, what: str) -> None:
+        if self._stop.is_set():
+            return
+        if isinstance(exc, st.StorageError):
+            log.error("%s: writing the state failed: %s", what, exc)
+            self.on_storage_error(f"LevelDB: {exc}")
+        else:
+            log.error("%s failed", what, exc_info=exc)
 
     # ---- registration -----------------------------------------------------------
 
@@ -548,8 +558,8 @@ class Engine:
                     items.append(nxt)
             try:
                 self.apply_tag_results(items)
-            except Exception:
-                log.exception("applying %d tag results failed", len(items))
+            except Exception as exc:
+                self._background_failed(exc, f"applying {len(items)} tag results")
 
     def apply_tag_results(self, items) -> None:
         with self.lock:
@@ -634,8 +644,8 @@ class Engine:
                         work[(b, k)] = [rec, list(rec)]
                     self.metrics.flips.inc(len(work))
                     self._finalize(work, now=max(time.time(), now))
-            except Exception:
-                log.exception("time flip re-evaluation failed")
+            except Exception as exc:
+                self._background_failed(exc, "time flip re-evaluation")
 
     # ---- scans, rematches, reconciles ----------------------------------------------
 
@@ -936,8 +946,8 @@ class Engine:
         while not self._stop.wait(interval):
             try:
                 self.reconcile()
-            except Exception:
-                log.exception("periodic reconcile failed")
+            except Exception as exc:
+                self._background_failed(exc, "periodic reconcile")
 
     # ---- reads (any thread, no lock) --------------------------------------------------
 

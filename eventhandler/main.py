@@ -9,6 +9,10 @@ Wires, inside one ExitStack (torn down in reverse order):
 4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT;
    beside it, ``quiet_gc`` keeps garbage collections off the event path (delvefs.quietgc).
 
+If LevelDB cannot be written (disk full, I/O error), by the consumer (which then acks
+nothing of its batch) or a background job, the handler stops the same way and exits 3;
+events wait in the queue for a restart.
+
 On a signal: the HTTP server stops, the consumer finishes and acks the batch in hand and
 closes its connection, the engine stops its threads, LevelDB is closed; exit 0.
 
@@ -90,11 +94,17 @@ def run(args) -> int:
         store = Store(str(state_dir / "leveldb"))
         stack.callback(store.close)
         metrics = Metrics()
-        engine = Engine(store, metrics, reconcile_interval=interval, tombstone_horizon=horizon)
+        fatal: list[str] = []  # why the handler must stop (its state cannot be written)
+
+        def stop_for(reason: str) -> None:  # any thread
+            fatal.append(reason)
+            loop.call_soon_threadsafe(stop.set)
+        engine = Engine(store, metrics, reconcile_interval=interval, tombstone_horizon=horizon,
+                        on_storage_error=stop_for)
         stack.callback(engine.close)
         engine.start()
         consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),
-                            engine, metrics)
+                            engine, metrics, on_fatal=stop_for)
         consumer.start()
         stack.callback(consumer.stop)
         lag = LagMonitor(consumer.url, consumer.queue, metrics.queue, ready=consumer.connected.is_set)
@@ -109,5 +119,8 @@ def run(args) -> int:
         stack.callback(gc_stop.set)
         loop.run_until_complete(serve(api.app(), host, port, stop))
         log.info("stopping")
+    if fatal:
+        log.error("stopped: %s (no event was lost: the unapplied ones wait in the queue)", fatal[0])
+        return 3
     log.info("stopped")
     return 0

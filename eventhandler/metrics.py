@@ -52,6 +52,8 @@ class Metrics:
         self.stale = Counter("delvefs_events_stale",
                              "events that changed nothing (replayed or older than the state)", registry=r)
         self.dead = Counter("delvefs_events_dead_lettered", "undecodable or invalid messages", registry=r)
+        self.storage_errors = Counter("delvefs_storage_errors",
+                                      "LevelDB writes that failed (consuming stopped)", registry=r)
         self.batches = Histogram("delvefs_batch_size", "messages per committed batch", registry=r,
                                  buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000))
         self.latency = BatchHistogram("delvefs_event_latency_seconds",

@@ -79,6 +79,10 @@ from collections.abc import Iterator
 import msgpack
 import plyvel
 
+# LevelDB could not write or read (disk full, I/O error, corruption): the caller's batch is
+# not committed; nothing about the events that were in it is wrong
+StorageError = plyvel.Error
+
 SCHEMA = 2  # 2: the membership index (``m``), built from ``o`` when a schema-1 state is opened
 
 # object record fields

@@ -3,6 +3,7 @@ subprocess on a free port, talk to its API, publish crafted MinIO-format events.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -22,7 +23,8 @@ VENV_BIN = Path(sys.executable).parent
 
 class HandlerProcess:
     def __init__(self, env: dict, state_dir: Path, *, token: str | None = "test-token",
-                 queue: str | None = None, log_path: Path | None = None, extra_env: dict | None = None):
+                 queue: str | None = None, log_path: Path | None = None, extra_env: dict | None = None,
+                 file_size_limit: int | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state_dir = Path(state_dir)
@@ -36,6 +38,8 @@ class HandlerProcess:
             self.env.pop("DELVEFS_HANDLER_TOKEN", None)
         self.log_path = log_path or self.state_dir.parent / f"handler-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        # RLIMIT_FSIZE for the process: writes past it fail with EFBIG (a disk that fills up)
+        self.file_size_limit = file_size_limit
         self.http = httpx.Client(base_url=self.url, timeout=60,
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
 
@@ -45,7 +49,8 @@ class HandlerProcess:
             self.proc = subprocess.Popen(
                 [str(VENV_BIN / "delvefs"), "eventhandler", "--state-dir", str(self.state_dir),
                  "--listen", f"127.0.0.1:{self.port}"],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=self._limit_file_size if self.file_size_limit else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -58,6 +63,10 @@ class HandlerProcess:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"handler not ready after {timeout} s:\n{self.log_tail()}")
+
+    def _limit_file_size(self) -> None:  # in the child, before exec
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write(), not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_size_limit, self.file_size_limit))
 
     def log_tail(self, n: int = 40) -> str:
         try:

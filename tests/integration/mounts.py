@@ -106,7 +106,9 @@ EVENT_DELAY = 20.0  # generous bound on MinIO -> RabbitMQ -> handler (machines u
 CHANGE_TIMEOUT = TTL + EVENT_DELAY
 
 
-def tree_views(bucket: str, ttl: float = TTL) -> str:
+def data_views(bucket: str, ttl: float = TTL) -> str:
+    """``data`` (every object under data/) and ``raw`` (those tagged stage=raw): the views
+    most mount tests start from (append more views at the same indentation)."""
     return f"""
     data:
       bucket: {bucket}
@@ -118,7 +120,11 @@ def tree_views(bucket: str, ttl: float = TTL) -> str:
       properties:
         stage: raw
       ttl: {ttl}s
-    flat:
+    """
+
+
+def tree_views(bucket: str, ttl: float = TTL) -> str:
+    return data_views(bucket, ttl) + f"""flat:
       bucket: {bucket}
       object: "data/*"
       layout: flat

@@ -83,6 +83,31 @@ def test_sigkill_mid_stream_loses_nothing(handler, services, s3, bucket, tmp_pat
     assert set(view_state(h2, vid["even"])) == {k for k in expected if k[-1] in "02468"}
 
 
+def test_a_full_disk_stops_the_handler_and_loses_nothing(handler, services, s3, bucket):
+    """LevelDB writes start failing (a file size limit: EFBIG, as on a full disk): the handler
+    dead-letters nothing, acks nothing it did not write, exits 3 with a log line; restarted
+    with room, it applies every event."""
+    h = handler(file_size_limit=512 * 1024)
+    vid = register(h, s3, {"all": spec(bucket)})
+    pub = Publisher(services.rabbit.url)
+    base = time.time_ns()
+    expected = {}
+    for i in range(4000):  # ~2 MB of LevelDB log: well past the limit
+        key = f"k{i:05d}/" + "x" * 200
+        pub.publish("s3:ObjectCreated:Put", bucket, key, base + i, size=i, etag=f"e{i}")
+        expected[key] = f"e{i}"
+    wait_until(lambda: h.proc.poll() is not None, 60, "the handler stopped on the write error")
+    assert h.proc.returncode == 3, h.log_tail()
+    assert "writing the state failed" in h.log_tail(200)
+    assert pub.queue_count(f"{h.queue}.dead") == 0
+    assert pub.queue_count(h.queue) > 0  # what it could not write waits for it
+    pub.close()
+    h2 = handler(state_dir=h.state_dir, queue=h.queue)  # same state and queue, room to write
+    wait_until(lambda: len(h2.keys(vid["all"])) == len(expected), 60, "every event applied after the restart")
+    assert view_state(h2, vid["all"]) == expected
+    assert h2.metric("delvefs_events_dead_lettered_total") == 0
+
+
 def test_rabbitmq_restart_under_the_handler(handler, private_services, tmp_path):
     svc = private_services(queue_dir=True)  # MinIO keeps events while the broker is down
     env = svc.env()

@@ -17,7 +17,7 @@ from delvefs.mount import mounted_fstype
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until
-from .mounts import CHANGE_TIMEOUT, Mounts, fuse_available, handler, listdir, mounts, put  # noqa: F401
+from .mounts import CHANGE_TIMEOUT, Mounts, data_views, fuse_available, handler, listdir, mounts, put  # noqa: F401
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
@@ -25,18 +25,7 @@ TTL = 1.0
 
 
 def write_views(bucket: str, ttl: float = TTL) -> str:
-    return f"""
-    data:
-      bucket: {bucket}
-      object: "data/*"
-      ttl: {ttl}s
-    raw:
-      bucket: {bucket}
-      object: "data/*"
-      properties:
-        stage: raw
-      ttl: {ttl}s
-    cooked:
+    return data_views(bucket, ttl) + f"""cooked:
       bucket: {bucket}
       object: "data/*"
       properties:

@@ -302,3 +302,33 @@ def test_events_during_the_first_scan_are_held_in_leveldb_then_applied(engine):
     del expected["k00003"]
     expected["listed"] = 1
     assert got == expected
+
+
+def test_a_failed_write_in_a_background_job_stops_the_handler(tmp_path):
+    import plyvel
+
+    class FailingBatch:  # a WriteBatch whose commit fails as on a full disk
+        def __init__(self, batch):
+            self.put, self.delete = batch.put, batch.delete
+
+        def write(self):
+            raise plyvel.IOError("IO error: No space left on device")
+
+    reasons = []
+    fake = FakeS3()
+    store = st.Store(str(tmp_path / "db"))
+    eng = Engine(store, Metrics(), s3_factory=lambda: fake, s3_workers=1, job_workers=1,
+                 on_storage_error=reasons.append)
+    eng.start()
+    try:
+        (out,) = eng.register([("all", spec("b"))])
+        ready(eng, out["id"])
+        fake.objects["k"] = {"Size": 1, "ETag": "e", "LastModified": datetime.now(timezone.utc), "tags": {}}
+        real_batch = store.batch
+        store.batch = lambda: FailingBatch(real_batch())
+        with pytest.raises(st.StorageError):
+            eng._guard(eng.reconcile, "b")  # as the job pool runs it
+        assert reasons and set(reasons) == {"LevelDB: IO error: No space left on device"}
+    finally:
+        eng.close()
+        store.close()
