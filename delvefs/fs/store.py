@@ -45,8 +45,9 @@ def _map(exc: BaseException, what: str) -> StoreError:
         return StoreError(errno.EINVAL, f"{what}: {code}")
     if code in ("403", "AccessDenied"):
         return StoreError(errno.EACCES, f"{what}: access denied")
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return StoreError(errno.ENOSPC, f"{what}: cache disk full")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        # the cache directory has no room (or the process a file size limit): say so
+        return StoreError(exc.errno, f"{what}: no room in the cache directory: {exc.strerror}")
     return StoreError(errno.EIO, f"{what}: {type(exc).__name__}: {exc}")
 
 

@@ -1,7 +1,8 @@
 """The write path's errors and large renames (issue 6) through kernel mounts against real
 MinIO, RabbitMQ and the real event handler: S3 refusing a mount's requests (AccessDenied,
 with temporary credentials from STS AssumeRole and an inline session policy) is EACCES
-with one log line naming the object, and a rename above the copy threshold is a multipart
+with one log line naming the object; a cache directory without room gives the errno, the
+mount goes on and S3 keeps what it had; a rename above the copy threshold is a multipart
 server-side copy."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import errno
 import hashlib
 import json
 import os
+import resource
 
 import pytest
 
@@ -135,3 +137,27 @@ def test_rename_above_copy_threshold_is_a_multipart_copy(mounts, s3, bucket):
     assert s3.head_object(Bucket=bucket, Key="data/small2.txt")["ETag"] == small_etag
     assert get(s3, bucket, "data/small.txt") is None
     assert tags_of(s3, bucket, "data/small2.txt") == {"stage": "raw"}
+
+
+def test_a_full_cache_directory_is_an_errno_and_the_mount_goes_on(mounts, s3, bucket):
+    """No room in the cache directory (here: the daemon's file size limit, 1 MiB, so writes
+    past it fail with EFBIG as they would with ENOSPC on a full disk)."""
+    big = os.urandom(3 * MiB)
+    put(s3, bucket, "data/big.bin", big)
+    put(s3, bucket, "data/small.txt", b"hello")
+    mp = mounts.mount(write_views(bucket))
+    resource.prlimit(mounts.daemon_pid(mp), resource.RLIMIT_FSIZE, (MiB, resource.RLIM_INFINITY))
+    with pytest.raises(OSError) as e:  # its download does not fit
+        (mp / "data" / "big.bin").read_bytes()
+    assert e.value.errno == errno.EFBIG
+    assert (mp / "data" / "small.txt").read_bytes() == b"hello"
+    data = os.urandom(2 * MiB)
+    with pytest.raises(OSError) as e:
+        with open(mp / "data" / "new.bin", "wb") as f:
+            f.write(data)
+    assert e.value.errno == errno.EFBIG
+    # as on a local disk, what write() accepted stays: the first MiB, uploaded at close
+    wait_until(lambda: get(s3, bucket, "data/new.bin") == data[:MiB], 20, "the accepted part uploaded")
+    assert get(s3, bucket, "data/big.bin") == big  # S3 untouched by the failed read
+    resource.prlimit(mounts.daemon_pid(mp), resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+    assert (mp / "data" / "big.bin").read_bytes() == big  # room again: read in full
