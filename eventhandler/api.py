@@ -326,6 +326,10 @@ class Api:
                 "buckets": buckets, "uptime": round(time.time() - self.started, 3)}
         if self.consumer is not None and self.consumer.last_error and amqp != "connected":
             data["amqp_error"] = self.consumer.last_error
+        scan_errors = {b: s.scan_error for b, s in self.engine.buckets.items() if s.scan_error}
+        if scan_errors:  # first scans failing and being retried
+            data["status"] = "degraded"
+            data["scan_errors"] = scan_errors
         return reply(request, data)
 
     async def prom(self, request: web.Request):

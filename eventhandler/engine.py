@@ -58,7 +58,7 @@ _EMPTY: dict = {}  # shared, never mutated
 
 class BucketState:
     __slots__ = ("name", "state", "version", "committed", "tags", "held", "ready", "scanned",
-                 "rematch_needed", "purged", "groups")
+                 "rematch_needed", "purged", "groups", "scan_error")
 
     def __init__(self, name, state, version, tags=False, scanned=0.0, purged=0):
         self.name = name
@@ -69,6 +69,7 @@ class BucketState:
         self.purged = purged
         self.tags = tags
         self.held = 0  # counter of the last event held (E record) during the first scan
+        self.scan_error: str | None = None  # why the last attempt of the first scan failed
         self.ready = threading.Event()
         self.scanned = scanned
         self.rematch_needed = False
@@ -137,6 +138,7 @@ class Engine:
         self.s3_pool = ThreadPoolExecutor(s3_workers, thread_name_prefix="delvefs-s3")
         self.jobs = ThreadPoolExecutor(job_workers, thread_name_prefix="delvefs-job")
         self.reconcile_interval = reconcile_interval
+        self.scan_retry = 1.0  # first delay before a failed first scan is tried again
         self.tombstone_horizon = tombstone_horizon
         self._listeners = []
         self._stop = threading.Event()
@@ -213,7 +215,7 @@ class Engine:
             self._threads.append(t)
         for bs in list(self.buckets.values()):
             if bs.state == SCANNING:
-                self._submit_job(bs.name, "scan", self._scan, bs.name, True)
+                self._submit_job(bs.name, "scan", self._first_scan, bs.name)
         for info in self.infos:
             if not info.ready and self.buckets.get(info.bucket, None) and \
                     self.buckets[info.bucket].state == READY:
@@ -311,7 +313,7 @@ class Engine:
                 wb.put(st.k_bucket(b), bs.record())
             self.store.write(wb)
         for b in scans:
-            self._submit_job(b, "scan", self._scan, b, True)
+            self._submit_job(b, "scan", self._first_scan, b)
         for b in rematch:
             self._submit_job(b, "rematch", self._rematch, b)
         if new_views and self.time_buckets:
@@ -661,6 +663,30 @@ class Engine:
             if tags is not None and meta is not None:
                 out[key] = (tags, meta)
         return out
+
+    def _first_scan(self, bucket: str) -> dict | None:
+        """A bucket's first scan, retried with backoff (``scan_retry`` s doubling up to a
+        minute) until it succeeds: S3 away or refusing must not leave the bucket "scanning"
+        until a restart. Meanwhile its views answer 503 and its events are held; a retry
+        lists from the start (applying a listed page again changes nothing)."""
+        bs = self.buckets[bucket]
+        delay = self.scan_retry
+        while not self._stop.is_set():
+            try:
+                counts = self._scan(bucket, True)
+            except st.StorageError:
+                raise
+            except Exception as exc:  # noqa: BLE001 — S3 errors of every kind: retried
+                bs.scan_error = f"{type(exc).__name__}: {exc}"
+                self.metrics.scan_failures.inc()
+                log.warning("first scan of bucket %s failed (%s); retrying in %.1f s",
+                            bucket, bs.scan_error, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            bs.scan_error = None
+            return counts
+        return None
 
     def _scan(self, bucket: str, initial: bool) -> dict:
         """List the bucket and make the state agree with the listing (initial scan: then

@@ -63,6 +63,8 @@ class Metrics:
                            registry=r)
         self.scans = Counter("delvefs_bucket_scans", "bucket listings (first scans and reconciles)",
                              registry=r)
+        self.scan_failures = Counter("delvefs_scan_failures",
+                                     "first scans of a bucket that failed (and are retried)", registry=r)
         self.scanned = Counter("delvefs_scanned_objects", "objects read by bucket listings", registry=r)
         self.tag_fetches = Counter("delvefs_tag_fetches", "GetObjectTagging requests", registry=r)
         self.flips = Counter("delvefs_time_flips", "objects re-evaluated because time passed", registry=r)

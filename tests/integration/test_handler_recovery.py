@@ -127,6 +127,33 @@ def test_rabbitmq_restart_under_the_handler(handler, private_services, tmp_path)
     wait_until(lambda: h.keys(vid) == {"after"}, 30, "live again")
 
 
+def test_minio_down_during_a_first_scan_is_retried(handler, private_services):
+    """S3 goes away while a bucket is scanned the first time: the bucket says so in /healthz
+    and stays "scanning" (views answer 503), the scan is retried with backoff, and once
+    MinIO is back the bucket becomes ready with every object."""
+    svc = private_services()
+    env = svc.env()
+    s3 = make_client(S3Settings.from_env(env))
+    bucket = f"r-{uuid.uuid4().hex[:8]}"
+    ensure_bucket(s3, bucket)
+    with ThreadPoolExecutor(16) as pool:  # 3 pages: no scan ends in the moment before the stop
+        list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"o{i:05d}", Body=b""), range(3000)))
+    h = handler(env={**env})
+    vid = register(h, s3, {"all": spec(bucket)})["all"]
+    svc.minio.stop()
+    wait_until(lambda: bucket in h.http.get("/healthz").json().get("scan_errors", {}), 60,
+               "the failed scan reported")
+    health = h.http.get("/healthz").json()
+    assert health["status"] == "degraded" and health["buckets"][bucket] == "scanning"
+    assert h.http.get(f"/v1/views/{vid}/objects", params={"wait": 0}).status_code == 503
+    svc.minio.start()
+    wait_until(lambda: h.http.get("/healthz").json()["buckets"][bucket] == "ready", 120,
+               "the retried scan finished")
+    assert len(h.keys(vid)) == 3000
+    assert "scan_errors" not in h.http.get("/healthz").json()
+    assert h.metric("delvefs_scan_failures_total") >= 1
+
+
 def test_scan_while_events_arrive_ends_consistent(handler, s3, bucket):
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda i: s3.put_object(Bucket=bucket, Key=f"obj{i:05d}", Body=b"x" * (i % 7)),

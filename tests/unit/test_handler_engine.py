@@ -28,10 +28,14 @@ class FakeS3:
     def __init__(self):
         self.objects: dict[str, dict] = {}  # key -> {"Size", "ETag", "LastModified", "tags"}
         self.tag_failures = 0  # the next n GetObjectTagging calls fail
+        self.list_failures = 0  # the next n ListObjectsV2 calls fail
         self.tag_calls = 0
         self.lock = threading.Lock()
 
     def list_objects_v2(self, Bucket, MaxKeys=1000, **kw):
+        if self.list_failures > 0:
+            self.list_failures -= 1
+            raise ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "down"}}, "ListObjectsV2")
         contents = [] if MaxKeys == 0 else [
             {"Key": k, "Size": o["Size"], "ETag": f'"{o["ETag"]}"', "LastModified": o["LastModified"]}
             for k, o in sorted(self.objects.items())]
@@ -332,3 +336,14 @@ def test_a_failed_write_in_a_background_job_stops_the_handler(tmp_path):
     finally:
         eng.close()
         store.close()
+
+
+def test_a_failed_first_scan_is_retried_until_the_bucket_is_ready(engine):
+    engine.scan_retry = 0.01
+    engine.fake.objects["k"] = {"Size": 1, "ETag": "e", "LastModified": datetime.now(timezone.utc), "tags": {}}
+    engine.fake.list_failures = 3
+    (out,) = engine.register([("all", spec("b"))])
+    info = ready(engine, out["id"])
+    assert keys(engine, info) == ["k"]
+    assert engine.fake.list_failures == 0 and engine.buckets["b"].scan_error is None
+    assert engine.metrics.scan_failures._value.get() >= 1
