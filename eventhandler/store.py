@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import logging
 import struct
 from collections.abc import Iterator
 
@@ -92,6 +93,8 @@ TAGS_PENDING = 2
 
 # change entry fields
 CH_KEY, CH_DELETED, CH_SLOTS, CH_EVER, CH_SIZE, CH_MTIME, CH_ETAG = range(7)
+
+log = logging.getLogger("delvefs.eventhandler.store")
 
 _V = struct.Struct(">Q")
 _G = struct.Struct(">H")  # length of a membership group's bitmap
@@ -207,6 +210,7 @@ class Store:
 
     def _build_member_index(self) -> None:
         """Schema 1 → 2: file every object that matches a view in the membership index."""
+        log.info("%s: building the membership index (state schema 1 -> 2)", self.path)
         wb = self.db.write_batch()
         n = 0
         for k, v in self.db.iterator(prefix=b"o"):
@@ -220,6 +224,7 @@ class Store:
                     wb.write()
                     wb = self.db.write_batch()
         wb.write()
+        log.info("%s: membership index built: %d objects filed", self.path, n)
 
     def close(self) -> None:
         if not self.db.closed:

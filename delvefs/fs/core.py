@@ -140,10 +140,21 @@ class ViewState:
         self.version = 0
         self.listed = False
         self.fresh_at = float("-inf")
-        self.refreshing: trio.Event | None = None
+        self.refreshing: Refresh | None = None
         self.top: Dir | None = None
         self.lists = 0  # statistics (tests, logs)
         self.deltas = 0
+
+
+class Refresh:
+    """A listing or delta under way for a view; tasks that need the view wait for it and
+    share its failure (rather than each asking the handler again: a view of a bucket still
+    being scanned would make every waiter wait for its own 503 in turn)."""
+    __slots__ = ("done", "error")
+
+    def __init__(self):
+        self.done = trio.Event()
+        self.error: FsError | None = None
 
 
 class DirHandle:
@@ -230,11 +241,14 @@ class FileSystem:
         """Make ``vs`` recent: list it (first use) or apply the handler's delta."""
         while True:
             if vs.refreshing is not None:
-                await vs.refreshing.wait()
+                r = vs.refreshing
+                await r.done.wait()
+                if r.error is not None:
+                    raise FsError(r.error.errno, str(r.error), logged=True)
                 continue
             if vs.listed and trio.current_time() - vs.fresh_at < vs.ttl:
                 return
-            ev = vs.refreshing = trio.Event()
+            r = vs.refreshing = Refresh()
             try:
                 if not vs.listed:
                     await self._list(vs, resync=False)
@@ -242,10 +256,13 @@ class FileSystem:
                     await self._delta(vs)
             except HandlerError as exc:
                 log.warning("view %s: %s", vs.name, exc)
-                raise FsError(errno.EIO, str(exc)) from exc
+                # the handler's first scan of the bucket is still running: try again later
+                r.error = FsError(errno.EAGAIN if exc.code == "scanning" else errno.EIO, str(exc),
+                                  logged=True)
+                raise r.error from exc
             finally:
                 vs.refreshing = None
-                ev.set()
+                r.done.set()
             return
 
     async def _list(self, vs: ViewState, *, resync: bool) -> None:
@@ -1528,7 +1545,7 @@ class FileSystem:
             if vs.listed and vs.version >= version:
                 return
             if vs.refreshing is not None:
-                await vs.refreshing.wait()
+                await vs.refreshing.done.wait()
                 continue
             vs.fresh_at = float("-inf")
             await self._fresh(vs)

@@ -19,6 +19,7 @@ class FakeHandler:
         self.by_name: dict[str, str] = {}
         self.calls = {"register": 0, "list": 0, "changes": 0}
         self.fail = False
+        self.scanning = False  # answer as while the bucket's first scan runs (503 scanning)
 
     def _state(self, name: str) -> dict:
         vid = self.by_name.setdefault(name, f"id-{name}")
@@ -43,13 +44,15 @@ class FakeHandler:
         st["log"].clear()
         st["min"] = st["version"]
 
-    def _check(self):
+    def _check(self, reading: bool = True):
+        from delvefs.handler_client import HandlerUnavailable
         if self.fail:
-            from delvefs.handler_client import HandlerUnavailable
             raise HandlerUnavailable("fake handler down")
+        if self.scanning and reading:
+            raise HandlerUnavailable("listing: HTTP 503 scanning: still being built", 503, "scanning")
 
     async def register(self, client, views, proof):
-        self._check()
+        self._check(reading=False)
         self.calls["register"] += 1
         out = []
         for v in views:

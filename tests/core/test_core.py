@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 
 import pytest
+import trio
 
 from delvefs.fs.core import FsError
 from delvefs.fs.inodes import ROOT_INODE, flat_key, flat_name
@@ -363,6 +364,35 @@ async def test_handler_down_is_eio(make_world, mock_clock):
     with pytest.raises(FsError) as e:
         await w.fs.lookup(top.ino, "x")
     assert e.value.errno == errno.EIO
+
+
+async def test_a_bucket_still_being_scanned_is_eagain_until_it_is_ready(make_world):
+    w = make_world()
+    w.add("v", "data/a", b"x")
+    w.handler.scanning = True
+    await w.start()
+    top = await w.path("v")
+    errors = []
+
+    async def look():
+        try:
+            await w.fs.lookup(top.ino, "a")
+        except FsError as exc:
+            errors.append(exc.errno)
+    attempts = []
+    list_page = w.handler.list_page
+
+    async def counted(*args, **kw):
+        attempts.append(args)
+        return await list_page(*args, **kw)
+    w.handler.list_page = counted
+    async with trio.open_nursery() as nursery:  # waiters share one attempt and its answer
+        for _ in range(3):
+            nursery.start_soon(look)
+    assert errors == [errno.EAGAIN] * 3
+    assert len(attempts) == 1
+    w.handler.scanning = False
+    assert (await w.path("v/a")).size == 1
 
 
 async def test_write_open_refused_and_statfs(make_world):
