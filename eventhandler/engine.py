@@ -473,15 +473,14 @@ class Engine:
                     if new[OBJ_LV]:
                         delete(cprefix + pack_v(new[OBJ_LV]))
                     new[OBJ_LV] = v
+            # the membership index follows slots, size, mtime and etag (store.py)
             if slots != old_slots:
                 if old_slots:
                     delete(st.k_member(bucket, old_slots, key))
-                if slots:
-                    put(st.k_member(bucket, slots, key), packb([new[OBJ_SIZE], new[OBJ_MTIME], new[OBJ_ETAG]]))
-                    if slots not in buckets[bucket].groups:
-                        new_groups.append((bucket, slots))
-            elif slots and (old[OBJ_SIZE] != new[OBJ_SIZE] or old[OBJ_ETAG] != new[OBJ_ETAG]
-                            or old[OBJ_MTIME] != new[OBJ_MTIME]):
+                if slots and slots not in buckets[bucket].groups:
+                    new_groups.append((bucket, slots))
+            if slots and (slots != old_slots or old[OBJ_SIZE] != new[OBJ_SIZE]
+                          or old[OBJ_ETAG] != new[OBJ_ETAG] or old[OBJ_MTIME] != new[OBJ_MTIME]):
                 put(st.k_member(bucket, slots, key), packb([new[OBJ_SIZE], new[OBJ_MTIME], new[OBJ_ETAG]]))
             put(st.k_obj(bucket, key), packb(new))
             if flags & TAGS_PENDING:
