@@ -34,8 +34,9 @@ class Resync(HandlerError):
 
 
 class HandlerClient:
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 60.0):
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 20.0):
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # plain http: no TLS context with the CA bundle loaded (~60 ms at every mount)
         verify = not self.base_url.lower().startswith("http://")
@@ -90,7 +91,9 @@ class HandlerClient:
         return body["views"]
 
     async def list_page(self, view_id: str, after: str | None, limit: int = 50000) -> dict:
-        params = {"limit": limit}
+        # while the bucket's first scan runs the handler holds the request up to `wait`
+        # seconds, then says 503 "scanning": well before this client would give up
+        params = {"limit": limit, "wait": self.timeout / 2}
         if after is not None:
             params["after"] = after
         status, body = await self._request("GET", f"/v1/views/{view_id}/objects", params=params)

@@ -55,6 +55,8 @@ REPORT = "unmount-report.txt"
 S3_CONNECT_TIMEOUT = float(os.environ.get("DELVEFS_S3_CONNECT_TIMEOUT", "3"))
 S3_READ_TIMEOUT = float(os.environ.get("DELVEFS_S3_READ_TIMEOUT", "8"))
 S3_ATTEMPTS = int(os.environ.get("DELVEFS_S3_ATTEMPTS", "3"))
+# a handler that does not answer (stopped, overloaded) fails an operation after this long
+HANDLER_TIMEOUT = float(os.environ.get("DELVEFS_HANDLER_TIMEOUT", "20"))
 
 
 class MountError(Exception):
@@ -160,7 +162,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
     lazy = all(proofs.values())
 
     async with contextlib.AsyncExitStack() as stack:
-        handler = HandlerClient(handler_url, token)
+        handler = HandlerClient(handler_url, token, timeout=HANDLER_TIMEOUT)
         stack.push_async_callback(handler.aclose)
         if lazy:
             # static keys: deletes, HEADs, small PUTs and downloads without botocore (s3.LeanClient)

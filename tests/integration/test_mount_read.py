@@ -5,14 +5,16 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
 from delvefs.mount import mounted_fstype
 
 from ..waiting import wait_until
-from .mounts import CHANGE_TIMEOUT, handler, listdir, mounts, put, tree_views  # noqa: F401
+from .mounts import CHANGE_TIMEOUT, TTL, handler, listdir, mounts, put, tree_views  # noqa: F401
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
@@ -170,3 +172,23 @@ def test_umount_waits_for_daemon(mounts, s3, bucket):
     assert not os.path.exists(f"/proc/{out[0]}") or \
         open(f"/proc/{out[0]}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
     assert mounted_fstype(str(mp)) is None
+
+
+def test_a_handler_that_stops_answering_is_eio_within_the_timeout(mounts, handler, s3, bucket):
+    """The handler is alive but does not answer (SIGSTOP): once the listing's ttl is over,
+    an operation that needs the handler fails with EIO after DELVEFS_HANDLER_TIMEOUT, not
+    a hang; when the handler answers again, so does the mount."""
+    put(s3, bucket, "data/a", b"x")
+    mp = mounts.mount(tree_views(bucket), env={**mounts.env, "DELVEFS_HANDLER_TIMEOUT": "2"})
+    wait_until(lambda: listdir(mp / "data") == ["a"], CHANGE_TIMEOUT, "listed")
+    listed_at = time.monotonic()
+    handler.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: time.monotonic() - listed_at > TTL, 5, "the listing's ttl is over")
+        t = time.monotonic()
+        with pytest.raises(OSError) as e:
+            os.listdir(mp / "data")
+        assert e.value.errno == errno.EIO and time.monotonic() - t < 10
+    finally:
+        handler.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: listdir(mp / "data") == ["a"], 20, "answers again")
