@@ -11,7 +11,9 @@ latency term for events, a ~15 % term for ``ls -l``, at random moments.
 collector's thresholds: about a millisecond) and moves what survives out of the
 collector's sight (``gc.freeze``, O(1)); automatic collections then only walk objects
 younger than a second. Every ``full_every`` seconds everything is put back and collected
-once, so cycles among older objects are still freed.
+once, so cycles among older objects (a directory subtree dropped from a view, say) are
+still freed: one predictable pause of ~110 ms per million live objects (1,000,000 inode-like
+objects measured here) every 10 minutes, instead of unpredictable ones.
 """
 from __future__ import annotations
 
