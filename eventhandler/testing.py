@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -96,18 +97,22 @@ class HandlerProcess:
             "client": client, "views": [{"name": n, "spec": s} for n, s in views.items()],
             "proof": proof})
 
-    def list_all(self, vid: str, limit: int = 5000) -> tuple[int, dict[str, dict]]:
-        after, out, version = None, {}, None
+    def pages(self, vid: str, limit: int = 5000) -> Iterator[dict]:
+        """The pages of a view's listing (GET objects, following ``next``)."""
+        after = None
         while True:
             params = {"limit": limit, **({"after": after} if after else {})}
             r = self.http.get(f"/v1/views/{vid}/objects", params=params)
             r.raise_for_status()
             page = r.json()
-            version = page["version"] if version is None else version
-            out.update({o["key"]: o for o in page["objects"]})
+            yield page
             if not page["next"]:
-                return version, out
+                return
             after = page["next"]
+
+    def list_all(self, vid: str, limit: int = 5000) -> tuple[int, dict[str, dict]]:
+        pages = list(self.pages(vid, limit))
+        return pages[0]["version"], {o["key"]: o for p in pages for o in p["objects"]}
 
     def keys(self, vid: str) -> set[str]:
         return set(self.list_all(vid)[1])
