@@ -7,7 +7,7 @@ bootstrap:
 	./scripts/bootstrap.sh
 
 demo: bootstrap
-	$(PY) -m delvefs.demo
+	$(PY) -m delvefs.devtools.demo
 
 test: bootstrap
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
@@ -17,7 +17,7 @@ unit: bootstrap
 	$(PY) -m pytest -ra tests/unit tests/core
 
 services: bootstrap
-	$(PY) -m delvefs.localservices
+	$(PY) -m delvefs.devtools.localservices
 
 # Benchmarks are run one by one: docs/PERFORMANCE.md lists their commands.
 

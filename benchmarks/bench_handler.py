@@ -6,7 +6,7 @@ event latency, first scan), each against a bare baseline measured in the same ru
                                                  [--skip-scan] [--repeat 1]
                                                  [--scenarios RAW,MATCH,DB_MATCH]
 
-Real RabbitMQ and MinIO (delvefs.localservices), the real ``delvefs eventhandler`` process.
+Real RabbitMQ and MinIO (delvefs.devtools.localservices), the real ``delvefs eventhandler`` process.
 Throughput: N synthetic MinIO-format events are published to the ``delvefs`` exchange while
 nobody consumes; two durable queues are bound to it (the handler's and the baseline's), so
 both get identical messages. Then the bare pika consumer (bench_handler_bare.py) drains its
@@ -36,11 +36,11 @@ import pika
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_handler_profile import bench_views, messages  # noqa: E402
-from delvefs.localservices import LocalServices  # noqa: E402
-from delvefs.s3 import ensure_bucket, make_client, presigned_list_url  # noqa: E402
+from delvefs.devtools.localservices import LocalServices  # noqa: E402
+from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url  # noqa: E402
 from eventhandler.amqp import declare  # noqa: E402
 from eventhandler.events import make_message  # noqa: E402
-from eventhandler.testing import HandlerProcess  # noqa: E402
+from delvefs.devtools.handlerprocess import HandlerProcess  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 BARE_QUEUE = "bench.bare"

@@ -17,7 +17,7 @@ from eventhandler.amqp import Consumer
 from eventhandler.engine import READY, BucketState, Engine
 from eventhandler.events import make_message
 from eventhandler.metrics import Metrics
-from eventhandler.store import Store
+from eventhandler.statedb import Store
 from rulesets import View
 
 

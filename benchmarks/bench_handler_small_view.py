@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_handler_small_view.py [--objects 100000] [--members 100]
                                                             [--repeat 30]
 
-Real RabbitMQ and MinIO (delvefs.localservices), the real ``delvefs eventhandler`` process.
+Real RabbitMQ and MinIO (delvefs.devtools.localservices), the real ``delvefs eventhandler`` process.
 The bucket is created empty (so the first scan is instant); then the handler's LevelDB is
 filled with ``--objects`` objects through crafted MinIO-format events published to the
 exchange (as bench_handler.py does): ``--members`` of them under ``sel/`` and ``--members``
@@ -31,10 +31,10 @@ import pika
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from delvefs.localservices import LocalServices  # noqa: E402
-from delvefs.s3 import ensure_bucket, make_client, presigned_list_url  # noqa: E402
+from delvefs.devtools.localservices import LocalServices  # noqa: E402
+from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url  # noqa: E402
 from eventhandler.events import make_message  # noqa: E402
-from eventhandler.testing import HandlerProcess, spec  # noqa: E402
+from delvefs.devtools.handlerprocess import HandlerProcess, spec  # noqa: E402
 
 BUCKET = "small-view-bench"
 

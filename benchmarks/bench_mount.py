@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from delvefs.localservices import LocalServices
-from delvefs.mount import mounted_fstype
-from delvefs.s3 import ensure_bucket, make_client, wire_notifications
+from delvefs.devtools.localservices import LocalServices
+from delvefs.client.mount import mounted_fstype
+from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 BASE = Path(os.environ.get("DELVEFS_BENCH_DIR", Path.home() / ".cache/delvefs/bench-mount"))
 DELVEFS = str(Path(sys.executable).parent / "delvefs")
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
             return 0
         for b in (BUCKET, BIG_BUCKET):
             wire_notifications(client, b, svc.minio.notify_arn)
-        from eventhandler.testing import HandlerProcess
+        from delvefs.devtools.handlerprocess import HandlerProcess
         handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
         handler.start()
         env["DELVEFS_HANDLER_TOKEN"] = "bench"

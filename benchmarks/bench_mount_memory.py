@@ -25,8 +25,8 @@ from pathlib import Path
 import msgpack
 from aiohttp import web
 
-from delvefs.localservices import LocalServices, free_port
-from delvefs.s3 import ensure_bucket, make_client
+from delvefs.devtools.localservices import LocalServices, free_port
+from delvefs.shared.s3 import ensure_bucket, make_client
 
 from benchmarks.bench_mount import DELVEFS, RESULTS, log, rss_mib
 

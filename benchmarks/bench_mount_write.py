@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from delvefs.localservices import LocalServices
-from delvefs.mount import mounted_fstype
-from delvefs.s3 import ensure_bucket, make_client, wire_notifications
+from delvefs.devtools.localservices import LocalServices
+from delvefs.client.mount import mounted_fstype
+from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .bench_mount import BASE, DELVEFS, RESULTS, log, wait_for
 
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
             chunk = os.urandom(1 << 20)
             for _ in range(args.big_mib):
                 f.write(chunk)
-        from eventhandler.testing import HandlerProcess
+        from delvefs.devtools.handlerprocess import HandlerProcess
         handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
         handler.start()
         env["DELVEFS_HANDLER_TOKEN"] = "bench"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pika
 
-from delvefs.localservices import LocalServices
-from delvefs.s3 import ensure_bucket, make_client, wire_notifications
-from delvefs.config import S3Settings
+from delvefs.devtools.localservices import LocalServices
+from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
+from delvefs.shared.config import S3Settings
 
 
 class Receiver(threading.Thread):

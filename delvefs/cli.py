@@ -14,10 +14,10 @@ import sys
 COMMANDS = {
     "eventhandler": ("eventhandler.main", "run"),
     "notify": ("eventhandler.notify", "run"),
-    "mount": ("delvefs.mount", "run_mount"),
-    "umount": ("delvefs.mount", "run_umount"),
+    "mount": ("delvefs.client.mount", "run_mount"),
+    "umount": ("delvefs.client.mount", "run_umount"),
     "check": ("rulesets.check", "run"),
-    "watch": ("delvefs.watch", "run"),
+    "watch": ("delvefs.client.watch", "run"),
 }
 
 

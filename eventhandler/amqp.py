@@ -33,7 +33,7 @@ import pika
 import pika.exceptions
 
 from .events import InvalidEvent, message_bucket, parse_message
-from .store import StorageError
+from .statedb import StorageError
 
 log = logging.getLogger("delvefs.eventhandler.amqp")
 

@@ -40,12 +40,12 @@ from email.utils import parsedate_to_datetime
 
 from rulesets import ObjectInfo, View, compile_views, view_id
 
-from delvefs import s3 as s3mod
+from delvefs.shared import s3 as s3mod
 
-from . import store as st
+from . import statedb as st
 from .events import REMOVE, TAGGING, Event
-from .store import (bits_has, bits_of, bits_union, slots_of)
-from .store import (DELETED, OBJ_ETAG, OBJ_EVER, OBJ_FLAGS, OBJ_LV, OBJ_META, OBJ_MTIME,
+from .statedb import (bits_has, bits_of, bits_union, slots_of)
+from .statedb import (DELETED, OBJ_ETAG, OBJ_EVER, OBJ_FLAGS, OBJ_LV, OBJ_META, OBJ_MTIME,
                     OBJ_SEQ, OBJ_SIZE, OBJ_SLOTS, OBJ_TAGS, TAGS_PENDING, packb)
 
 log = logging.getLogger("delvefs.eventhandler")

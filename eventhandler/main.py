@@ -7,7 +7,7 @@ Wires, inside one ExitStack (torn down in reverse order):
                  threads (tags, time flips, periodic reconcile);
 3. ``Consumer``— the AMQP thread (pika BlockingConnection), acking after each commit;
 4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT;
-   beside it, ``quiet_gc`` keeps garbage collections off the event path (delvefs.quietgc).
+   beside it, ``quiet_gc`` keeps garbage collections off the event path (delvefs.shared.quietgc).
 
 If LevelDB cannot be written (disk full, I/O error), by the consumer (which then acks
 nothing of its batch) or a background job, the handler stops the same way and exits 3;
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from delvefs import config
-from delvefs.quietgc import QuietGC
+from delvefs.shared import config
+from delvefs.shared.quietgc import QuietGC
 
 log = logging.getLogger("delvefs.eventhandler")
 
@@ -78,7 +78,7 @@ def run(args) -> int:
     from .api import Api
     from .engine import Engine
     from .metrics import Metrics
-    from .store import Store
+    from .statedb import Store
 
     # the API thread must not wait 5 ms (the default GIL switch interval) for a busy consumer
     sys.setswitchinterval(float(os.environ.get("DELVEFS_SWITCH_INTERVAL", "0.0005")))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from delvefs import config, s3
+from delvefs.shared import config, s3
 
 
 def run(args) -> int:

@@ -1,6 +1,6 @@
 """Fixtures shared by all test tiers.
 
-Services are real (delvefs.localservices). When one cannot start, the test is
+Services are real (delvefs.devtools.localservices). When one cannot start, the test is
 skipped on a developer machine but FAILS when ``CI`` is set: CI must never turn
 green by skipping what it was meant to check.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.localservices import LocalServices, ServiceError
+from delvefs.devtools.localservices import LocalServices, ServiceError
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -65,14 +65,14 @@ def service_env(services, monkeypatch):
 
 @pytest.fixture
 def s3(service_env):
-    from delvefs.s3 import make_client
+    from delvefs.shared.s3 import make_client
     return make_client()
 
 
 @pytest.fixture
 def bucket(s3, services):
     """A fresh bucket with notifications wired to the broker."""
-    from delvefs.s3 import ensure_bucket, wire_notifications
+    from delvefs.shared.s3 import ensure_bucket, wire_notifications
     name = f"t-{uuid.uuid4().hex[:12]}"
     ensure_bucket(s3, name)
     wire_notifications(s3, name, services.minio.notify_arn)

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from delvefs.cache import DataCache
-from delvefs.fs.core import FileSystem
+from delvefs.client.datacache import DataCache
+from delvefs.client.fs.core import FileSystem
 from rulesets.model import View
 
 from .fakes import FakeHandler, FakeStore, RecordingNotifier

@@ -1,7 +1,7 @@
 """Fakes of the core's two collaborators: the event handler's API and S3.
 
 They follow docs/API.md (versions, pages, change log with 410) and the StoreError
-contract of delvefs.fs.store, and count calls so tests can assert what was asked.
+contract of delvefs.client.s3async, and count calls so tests can assert what was asked.
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import errno
 import hashlib
 import itertools
 
-from delvefs.fs.store import Changed, StoreError
-from delvefs.handler_client import Resync
+from delvefs.client.s3async import Changed, StoreError
+from delvefs.client.handler_api import Resync
 
 
 class FakeHandler:
@@ -45,7 +45,7 @@ class FakeHandler:
         st["min"] = st["version"]
 
     def _check(self, reading: bool = True):
-        from delvefs.handler_client import HandlerUnavailable
+        from delvefs.client.handler_api import HandlerUnavailable
         if self.fail:
             raise HandlerUnavailable("fake handler down")
         if self.scanning and reading:

@@ -6,8 +6,8 @@ import errno
 import pytest
 import trio
 
-from delvefs.fs.core import FsError
-from delvefs.fs.inodes import ROOT_INODE, flat_key, flat_name
+from delvefs.client.fs.core import FsError
+from delvefs.client.fs.inodes import ROOT_INODE, flat_key, flat_name
 
 from .conftest import view
 

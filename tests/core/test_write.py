@@ -8,8 +8,8 @@ import os
 import pytest
 import trio
 
-from delvefs.fs.core import FsError
-from delvefs.fs.inodes import relative_path
+from delvefs.client.fs.core import FsError
+from delvefs.client.fs.inodes import relative_path
 
 from .conftest import view
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.mount import mounted_fstype
+from delvefs.client.mount import mounted_fstype
 
 from ..conftest import service_unavailable
 
@@ -28,7 +28,7 @@ def fuse_available() -> bool:
 
 @pytest.fixture
 def handler(services, service_env, tmp_path):
-    from eventhandler.testing import HandlerProcess
+    from delvefs.devtools.handlerprocess import HandlerProcess
     h = HandlerProcess(services.env(), tmp_path / "handler-state")
     try:
         h.start()
@@ -77,7 +77,7 @@ class Mounts:
         return r
 
     def daemon_pid(self, mp) -> int:
-        from delvefs.mount import _key
+        from delvefs.client.mount import _key
         run = Path(self.env["DELVEFS_STATE_HOME"]) / "run" / f"{_key(str(mp))}.json"
         return json.loads(run.read_text())["pid"]
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from delvefs.demo.roles import ALIGN_MS, INPUT_BUCKET, OUTPUT_BUCKET, SEEN_AFTER_MS, read_key
-from delvefs.s3 import get_object_tags
+from delvefs.devtools.demo.roles import ALIGN_MS, INPUT_BUCKET, OUTPUT_BUCKET, SEEN_AFTER_MS, read_key
+from delvefs.shared.s3 import get_object_tags
 
 from .mounts import fuse_available
 from ..conftest import service_unavailable
@@ -24,7 +24,7 @@ def test_demo_aligns_every_input_into_its_workers_output_view(service_env, s3, t
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELVEFS_HANDLER")}
     env.update(service_env)  # the session's MinIO and RabbitMQ; the demo starts its own handler
     files, workers = 5, 2
-    r = subprocess.run([sys.executable, "-m", "delvefs.demo", "run", "--workers", str(workers),
+    r = subprocess.run([sys.executable, "-m", "delvefs.devtools.demo", "run", "--workers", str(workers),
                         "--files", str(files), "--reads", "300", "--interval", "0.1",
                         "--timeout", "120", "--workdir", str(tmp_path / "demo")],
                        env=env, capture_output=True, text=True, timeout=300)

@@ -9,8 +9,8 @@ import uuid
 import httpx
 import pytest
 
-from delvefs.s3 import presigned_list_url
-from eventhandler.testing import HandlerProcess, Publisher, spec
+from delvefs.shared.s3 import presigned_list_url
+from delvefs.devtools.handlerprocess import HandlerProcess, Publisher, spec
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.services
@@ -133,8 +133,8 @@ def test_auth_and_proof(handler, s3, bucket):
     r = h.register(views, {})
     assert r.status_code == 403 and bucket in r.json()["message"]
     # a presigned URL with wrong credentials: the store says 403, so do we
-    from delvefs.config import S3Settings
-    from delvefs.s3 import make_client
+    from delvefs.shared.config import S3Settings
+    from delvefs.shared.s3 import make_client
     settings = S3Settings.from_env()
     bad = make_client(S3Settings(settings.endpoint_url, settings.access_key, "wrong-secret", settings.region))
     r = h.register(views, {bucket: presigned_list_url(bad, bucket)})
@@ -248,7 +248,7 @@ def test_notify_command_wires_a_bucket(s3, service_env):
     import sys
     from pathlib import Path
 
-    from delvefs.s3 import ensure_bucket
+    from delvefs.shared.s3 import ensure_bucket
     name = f"n-{uuid.uuid4().hex[:10]}"
     ensure_bucket(s3, name)
     out = subprocess.run([str(Path(sys.executable).parent / "delvefs"), "notify", name],

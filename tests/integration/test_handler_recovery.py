@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from delvefs.config import S3Settings
-from delvefs.s3 import ensure_bucket, make_client, presigned_list_url, wire_notifications
-from eventhandler.testing import HandlerProcess, Publisher, spec
+from delvefs.shared.config import S3Settings
+from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url, wire_notifications
+from delvefs.devtools.handlerprocess import HandlerProcess, Publisher, spec
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.services
@@ -193,7 +193,7 @@ def test_reconcile_repairs_missed_notifications_and_state_survives_restart(handl
     s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={})
     s3.delete_object(Bucket=bucket, Key="drop")
     s3.put_object(Bucket=bucket, Key="unseen", Body=b"x")
-    from delvefs.config import notify_arn
+    from delvefs.shared.config import notify_arn
     wire_notifications(s3, bucket, notify_arn())
     r = h.http.post("/v1/reconcile", params={"bucket": bucket})
     assert r.status_code == 200, r.text

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from delvefs.mount import mounted_fstype
+from delvefs.client.mount import mounted_fstype
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until
@@ -224,9 +224,9 @@ def own(private_services, tmp_path):
     """Private MinIO + RabbitMQ, a handler on them, and mounts (MinIO may be stopped)."""
     if not fuse_available():
         service_unavailable("/dev/fuse or fusermount3 missing")
-    from delvefs import s3 as s3api
-    from delvefs.config import S3Settings
-    from eventhandler.testing import HandlerProcess
+    from delvefs.shared import s3 as s3api
+    from delvefs.shared.config import S3Settings
+    from delvefs.devtools.handlerprocess import HandlerProcess
     svc = private_services()
     env = svc.env()
     h = HandlerProcess(env, tmp_path / "own-handler")
@@ -321,7 +321,7 @@ def test_sigkilled_client_dirty_file_uploaded_at_next_mount(mounts, s3, bucket, 
 
 
 def test_sigterm_uploads_dirty_files_before_exit(mounts, s3, bucket):
-    from delvefs.mount import _alive
+    from delvefs.client.mount import _alive
     mp = mounts.mount(write_views(bucket))
     pid = mounts.daemon_pid(mp)
     f = open(mp / "data/open.txt", "wb")

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from delvefs import s3 as s3api
-from delvefs.config import S3Settings
-from delvefs.fs.store import S3Store, StoreError
+from delvefs.shared import s3 as s3api
+from delvefs.shared.config import S3Settings
+from delvefs.client.s3async import S3Store, StoreError
 
 pytestmark = [pytest.mark.services, pytest.mark.trio]
 

@@ -9,10 +9,10 @@ import os
 import pytest
 import trio
 
-from delvefs import s3 as s3mod
-from delvefs.cache import Download
-from delvefs.config import S3Settings
-from delvefs.fs.store import Changed, S3Store, StoreError
+from delvefs.shared import s3 as s3mod
+from delvefs.client.datacache import Download
+from delvefs.shared.config import S3Settings
+from delvefs.client.s3async import Changed, S3Store, StoreError
 
 pytestmark = [pytest.mark.services]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from delvefs.demo.__main__ import build_parser
+from delvefs.devtools.demo.__main__ import build_parser
 from tests.conftest import service_unavailable
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
@@ -74,7 +74,7 @@ def test_demo_roles_have_their_environment_and_commands(compose):
     assert len(subscribers) >= 2
     for name in ["init", "publisher", *subscribers]:
         command = services[name]["command"]
-        assert command[:3] == ["python", "-m", "delvefs.demo"] and command[3] in roles, name
+        assert command[:3] == ["python", "-m", "delvefs.devtools.demo"] and command[3] in roles, name
         assert CLIENT_ENV <= set(env_of(services[name])), name
     assert "--listen" in services["handler"]["command"]
     port = services["handler"]["command"][services["handler"]["command"].index("--listen") + 1].rsplit(":", 1)[1]

@@ -4,7 +4,7 @@ import subprocess
 
 from tests.conftest import service_unavailable
 
-from delvefs.demo.genome import (make_reference, reverse_complement, score_sam, simulate_reads,
+from delvefs.devtools.demo.genome import (make_reference, reverse_complement, score_sam, simulate_reads,
                                  write_fasta)
 
 

@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_h
 from botocore.exceptions import ClientError
 
-from eventhandler import store as st
+from eventhandler import statedb as st
 from eventhandler.engine import Engine
 from eventhandler.events import make_message, parse_message
 from eventhandler.metrics import Metrics
-from eventhandler.testing import spec
+from delvefs.devtools.handlerprocess import spec
 from tests.waiting import wait_until
 
 DATE = "Sat, 21 Nov 2026 06:00:00 GMT"

@@ -6,7 +6,7 @@ from datetime import datetime
 import orjson
 import pytest
 
-from eventhandler import store as st
+from eventhandler import statedb as st
 from eventhandler.events import (CREATE, REMOVE, TAGGING, InvalidEvent, event_kind, make_message,
                                  message_bucket, parse_message, parse_sequencer, seq_newer)
 

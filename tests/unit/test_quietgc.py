@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from delvefs.quietgc import QuietGC
+from delvefs.shared.quietgc import QuietGC
 
 
 class Cycle:

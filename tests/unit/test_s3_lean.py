@@ -1,12 +1,12 @@
-"""``delvefs.s3.LeanClient`` (DeleteObject, HeadObject, PutObject without botocore)
+"""``delvefs.shared.s3.LeanClient`` (DeleteObject, HeadObject, PutObject without botocore)
 quotes keys and signs exactly like botocore."""
 import datetime
 import functools
 
 import pytest
 
-from delvefs import s3
-from delvefs.config import S3Settings
+from delvefs.shared import s3
+from delvefs.shared.config import S3Settings
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 KEYS = ["plain.txt", "dir/sub/a b.txt", "a+b%c&d=e?f#g", "ünï/cödé ü.fastq", "~tilde/semi;colon,comma",

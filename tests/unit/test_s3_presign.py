@@ -1,11 +1,11 @@
-"""``delvefs.s3.presign_list_url`` (SigV4 without botocore) signs exactly like boto3."""
+"""``delvefs.shared.s3.presign_list_url`` (SigV4 without botocore) signs exactly like boto3."""
 import datetime
 import urllib.parse
 
 import pytest
 
-from delvefs import s3
-from delvefs.config import S3Settings
+from delvefs.shared import s3
+from delvefs.shared.config import S3Settings
 
 
 @pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9000", "https://s3.example.org",

@@ -1,7 +1,7 @@
 """The demo's roles: init, subscriber, publish.
 
 Each role talks to the system only through its public faces — the S3 API
-(``delvefs.s3``), the ``delvefs`` command (mount, watch, umount) and plain file
+(``delvefs.shared.s3``), the ``delvefs`` command (mount, watch, umount) and plain file
 I/O on the mount — exactly as a user's pipeline would.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import s3 as s3api
-from ..config import handler_url, notify_arn
+from ...shared import s3 as s3api
+from ...shared.config import handler_url, notify_arn
 from .genome import AlignmentScore, make_reference, score_sam, simulate_reads, write_fasta
 
 INPUT_BUCKET = "reads"

@@ -1,4 +1,4 @@
-"""``python -m delvefs.demo [run|init|subscriber|publish]`` — see delvefs/demo/__init__.py.
+"""``python -m delvefs.devtools.demo [run|init|subscriber|publish]`` — see delvefs/devtools/demo/__init__.py.
 
 ``run`` (the default, what ``make demo`` calls) starts everything on this machine:
 MinIO and RabbitMQ (unless AWS_ENDPOINT_URL and DELVEFS_AMQP_URL point at existing
@@ -70,7 +70,7 @@ def run(args) -> int:
         roles.init()
         subscribers = []
         for worker in range(1, args.workers + 1):
-            proc = subprocess.Popen([sys.executable, "-m", "delvefs.demo", "subscriber", "--worker", str(worker),
+            proc = subprocess.Popen([sys.executable, "-m", "delvefs.devtools.demo", "subscriber", "--worker", str(worker),
                                      "--workdir", str(base / f"worker-{worker}"), "--seed", str(args.seed)])
             stack.callback(stop, proc)
             subscribers.append(proc)
@@ -83,7 +83,7 @@ def run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m delvefs.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m delvefs.devtools.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="role")
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import trio
 
-from .fs.store import Changed, StoreError, pwrite_all
+from .s3async import Changed, StoreError, pwrite_all
 
 log = logging.getLogger(__name__)
 

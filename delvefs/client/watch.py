@@ -33,10 +33,10 @@ from pathlib import Path
 import httpx
 import orjson
 
-from .config import handler_token
+from ..shared.config import handler_token
 from .fs.inodes import relative_path
 
-log = logging.getLogger("delvefs.watch")
+log = logging.getLogger("delvefs.client.watch")
 VIEW_XATTR = "user.delvefs.view"
 SYNC_XATTR = "user.delvefs.sync"
 PAGE = 5000

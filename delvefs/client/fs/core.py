@@ -4,12 +4,12 @@
 readdir, open / read / write / flush / fsync / release, create, setattr, unlink, mkdir,
 rmdir, rename, getxattr / listxattr / setxattr / removexattr, statfs) with names as
 ``str`` and errors as :class:`FsError` (an errno). Tests drive it directly with a fake
-handler and a fake store; the mount drives it through ``delvefs.fuse_adapter``.
+handler and a fake store; the mount drives it through ``delvefs.client.fuse_adapter``.
 
 Writes, whole objects
 ---------------------
 A file opened for writing is a *dirty* cache entry: a local file of its own, journaled
-(``delvefs.cache``) before its first byte. The last writing handle's ``flush`` (close(2)
+(``delvefs.client.datacache``) before its first byte. The last writing handle's ``flush`` (close(2)
 returns its error), ``fsync`` and a truncate(2) without an open handle upload the whole
 object (``_upload``: the view's ``set`` tags merged in, Content-Type from the name);
 a release that leaves it dirty hands it to ``run_uploads`` (background retries with
@@ -68,11 +68,11 @@ import time
 
 import trio
 
-from ..cache import CacheEntry, DataCache
-from ..handler_client import HandlerError, Resync
+from ..datacache import CacheEntry, DataCache
+from ..handler_api import HandlerError, Resync
 from .inodes import (ROOT_INODE, Dir, File, InodeTable, Node, flat_key, flat_name, key_path,
                      mode_of, relative_path, valid_segment)
-from .store import StoreError
+from ..s3async import StoreError
 
 log = logging.getLogger(__name__)
 

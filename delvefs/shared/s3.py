@@ -449,7 +449,7 @@ def download_object(manager, bucket: str, key: str, filename: str, *, etag: str,
     manager.download(bucket, key, filename, subscribers=[_Known()]).result()
 
 
-# --- write path of the FUSE client (delvefs.fs.store calls these from worker threads) ---
+# --- write path of the FUSE client (delvefs.client.s3async calls these from worker threads) ---
 
 def _tagging(tags: dict[str, str] | None) -> str:
     import urllib.parse

@@ -1,7 +1,7 @@
 """The FUSE side of a mount: the only module that imports pyfuse3.
 
 ``Adapter`` turns pyfuse3's low-level requests into calls on the protocol-free core
-(:class:`delvefs.fs.core.FileSystem`): names bytes -> str, nodes -> EntryAttributes,
+(:class:`delvefs.client.fs.core.FileSystem`): names bytes -> str, nodes -> EntryAttributes,
 :class:`FsError` -> ``FUSEError``. No exception escapes a handler: an unexpected one is
 logged with its traceback and answered with EIO.
 

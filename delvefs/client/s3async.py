@@ -17,7 +17,7 @@ import time
 
 import trio
 
-from .. import s3
+from ..shared import s3
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class S3Store:
 
     async def download(self, bucket: str, key: str, target, *, etag: str, size: int) -> None:
         """The object version ``etag`` (``size`` bytes; every GET pinned to it with If-Match)
-        into ``target``: a file name, or a :class:`delvefs.cache.Download` (readable while
+        into ``target``: a file name, or a :class:`delvefs.client.datacache.Download` (readable while
         it fills). With ``lean``: ranged GETs of ``part_size``, ``part_concurrency`` at a
         time in worker threads, started in the order of their offsets (a streaming reader
         needs the first bytes first); else s3transfer."""

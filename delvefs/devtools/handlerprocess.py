@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pika
 
-from delvefs.localservices import free_port
+from delvefs.devtools.localservices import free_port
 
-from .events import make_message
+from eventhandler.events import make_message
 
 VENV_BIN = Path(sys.executable).parent
 

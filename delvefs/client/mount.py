@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-log = logging.getLogger("delvefs.mount")
+log = logging.getLogger("delvefs.client.mount")
 
 READY_FD_ENV = "DELVEFS_READY_FD"
 STATE_DIR = Path(os.environ.get("DELVEFS_STATE_HOME", Path.home() / ".cache" / "delvefs"))
@@ -144,13 +144,14 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
     once the kernel mount exists and requests are being answered."""
     import trio
 
-    from . import fuse_adapter, s3
-    from .cache import DataCache
-    from .config import S3Settings, copy_threshold
+    from ..shared import s3
+    from ..shared.config import S3Settings, copy_threshold
+    from ..shared.quietgc import QuietGC
+    from . import fuse_adapter
+    from .datacache import DataCache
     from .fs.core import FileSystem
-    from .fs.store import S3Store, StoreError
-    from .handler_client import HandlerClient, HandlerError, HandlerUnavailable
-    from .quietgc import QuietGC
+    from .s3async import S3Store, StoreError
+    from .handler_api import HandlerClient, HandlerError, HandlerUnavailable
 
     settings = S3Settings.from_env()
     buckets = sorted({v.bucket for v in views})
@@ -289,7 +290,7 @@ async def _check_bucket(url: str) -> None:
     import httpx
     import trio
 
-    from .fs.store import StoreError
+    from .s3async import StoreError
     https = url.startswith("https:")
     verify = (os.environ.get("AWS_CA_BUNDLE") or True) if https else False
     async with httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(
@@ -326,7 +327,7 @@ def _setup_logging() -> None:
 def _foreground(args, mountpoint: str, cache_dir: Path, cache_size) -> int:
     import trio
 
-    from .config import handler_token, handler_url
+    from ..shared.config import handler_token, handler_url
 
     ready_fd = int(os.environ.pop(READY_FD_ENV, "-1"))
 

@@ -1,7 +1,7 @@
 """Real MinIO and RabbitMQ on free loopback ports in temp directories.
 
 Used by the test suite, the demo, the benchmarks and developers
-(``python -m delvefs.localservices`` starts both and prints their environment).
+(``python -m delvefs.devtools.localservices`` starts both and prints their environment).
 Nothing here is a mock: the pinned MinIO built by scripts/bootstrap.sh and
 Debian's rabbitmq-server, wired so that MinIO publishes bucket notifications to
 RabbitMQ's ``delvefs`` fanout exchange (target id ``PRIMARY``).
@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import DEFAULT_EXCHANGE
+from ..shared.config import DEFAULT_EXCHANGE
 
 MINIO_BIN_DIR = Path(os.environ.get("DELVEFS_BIN", Path.home() / ".cache/delvefs/bin"))
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
@@ -310,7 +310,7 @@ class LocalServices:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m delvefs.localservices",
+        prog="python -m delvefs.devtools.localservices",
         description="Start MinIO and RabbitMQ on loopback, print their environment, run until Ctrl-C.")
     parser.add_argument("--dir", help="state directory (default: a new temp dir, removed at exit)")
     parser.add_argument("--queue-dir", action="store_true", help="let MinIO persist events while the broker is down")
