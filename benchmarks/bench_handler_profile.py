@@ -14,10 +14,11 @@ import time
 from types import SimpleNamespace
 
 from eventhandler.amqp import Consumer
-from eventhandler.engine import READY, BucketState, Engine
+from eventhandler.engine import Engine
 from eventhandler.events import make_message
 from eventhandler.metrics import Metrics
 from eventhandler.statedb import Store
+from eventhandler.tracking import READY, BucketState
 from rulesets import View
 
 
@@ -55,7 +56,7 @@ class _Channel:
 def setup(tmp: str):
     store = Store(tmp)
     metrics = Metrics()
-    engine = Engine(store, metrics, s3_factory=lambda: None)
+    engine = Engine(store, metrics, s3=None)  # the bucket is scanned already and no view needs tags
     # register 100 views on an (already scanned, empty) bucket without S3
     engine.buckets["bench"] = BucketState("bench", READY, int(time.time() * 1e6))
     engine.register(bench_views("bench"))

@@ -1,4 +1,5 @@
 """Consuming MinIO's notifications from RabbitMQ (pika; the only module importing pika).
+``EventPublisher`` publishes such notifications for tests and benchmarks.
 
 Topology (declared idempotently on every connect):
 
@@ -44,13 +45,23 @@ def queue_names(exchange: str, queue: str | None = None) -> tuple[str, str]:
     return queue, f"{queue}.dead"
 
 
-def declare(channel, exchange: str, queue: str, dead: str) -> None:
+def declare_exchange(channel, exchange: str) -> None:
+    """The events' exchange, exactly as MinIO declares it."""
     channel.exchange_declare(exchange, exchange_type="fanout", durable=True)
+
+
+def declare(channel, exchange: str, queue: str, dead: str) -> None:
+    declare_exchange(channel, exchange)
     channel.exchange_declare(dead, exchange_type="fanout", durable=True)
     channel.queue_declare(dead, durable=True)
     channel.queue_bind(dead, dead)
     channel.queue_declare(queue, durable=True, arguments={"x-dead-letter-exchange": dead})
     channel.queue_bind(queue, exchange)
+
+
+def queue_depth(channel, queue: str) -> int:
+    """How many messages wait in ``queue`` (which must exist)."""
+    return channel.queue_declare(queue, durable=True, passive=True).method.message_count
 
 
 class LagMonitor(threading.Thread):
@@ -78,8 +89,7 @@ class LagMonitor(threading.Thread):
                     ch = None
                 if ch is None or not ch.is_open:
                     ch = conn.channel()
-                q = ch.queue_declare(self.queue, durable=True, passive=True)
-                self.gauge.set(q.method.message_count)
+                self.gauge.set(queue_depth(ch, self.queue))
             except Exception:  # the broker is away or the queue not declared yet: try later
                 if conn is not None and not conn.is_open:
                     conn = None
@@ -232,3 +242,39 @@ class Consumer(threading.Thread):
         if n <= 20 or n % 1000 == 0:
             log.warning("dead-lettering an unusable message (#%d): %s; body starts %r",
                         n, exc, bytes(body[:200]))
+
+
+class EventPublisher:
+    """Publishes MinIO-format messages to the events' exchange the way MinIO does, and counts
+    and deletes handler queues: for tests and benchmarks (the handler itself only consumes)."""
+
+    def __init__(self, url: str, exchange: str):
+        self.conn = pika.BlockingConnection(pika.URLParameters(url))
+        self.ch = self.conn.channel()
+        self.exchange = exchange
+        declare_exchange(self.ch, exchange)
+
+    def publish(self, body: bytes, headers: dict | None = None) -> None:
+        self.ch.basic_publish(self.exchange, "", body, pika.BasicProperties(
+            content_type="application/json", delivery_mode=2, headers=headers))
+
+    def queue_count(self, queue: str) -> int:
+        return queue_depth(self.ch, queue)
+
+    def delete_queues(self, *queues: str) -> None:
+        """Delete handler queues and their dead-letter queues and exchanges, those that exist."""
+        for q in queues:
+            for op in (lambda: self.ch.queue_delete(q), lambda: self.ch.queue_delete(q + ".dead"),
+                       lambda: self.ch.exchange_delete(q + ".dead")):
+                try:
+                    if self.ch.is_closed:  # a failed delete closes the channel
+                        self.ch = self.conn.channel()
+                    op()
+                except Exception:
+                    pass
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .engine import bucket_glob_message, bucket_is_glob
+from .tracking import bucket_glob_message, bucket_is_glob
 
 log = logging.getLogger("delvefs.eventhandler.api")
 

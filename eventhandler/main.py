@@ -4,7 +4,8 @@ Wires, inside one ExitStack (torn down in reverse order):
 
 1. ``Store``   — LevelDB in ``--state-dir`` (the only open of it);
 2. ``Engine``  — registered views, buckets, the write lock, S3 worker pools, background
-                 threads (tags, time flips, periodic reconcile);
+                 threads (tags, time flips, periodic reconcile); it reads S3 through a
+                 ``BucketReader`` (delvefs.shared.s3) made here;
 3. ``Consumer``— the AMQP thread (pika BlockingConnection), acking after each commit;
 4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT;
    beside it, ``quiet_gc`` keeps garbage collections off the event path (delvefs.shared.quietgc).
@@ -74,6 +75,8 @@ def run(args) -> int:
     logging.basicConfig(level=os.environ.get("DELVEFS_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pika").setLevel(logging.WARNING)
+    from delvefs.shared.s3 import BucketReader
+
     from .amqp import Consumer, LagMonitor
     from .api import Api
     from .engine import Engine
@@ -99,8 +102,8 @@ def run(args) -> int:
         def stop_for(reason: str) -> None:  # any thread
             fatal.append(reason)
             loop.call_soon_threadsafe(stop.set)
-        engine = Engine(store, metrics, reconcile_interval=interval, tombstone_horizon=horizon,
-                        on_storage_error=stop_for)
+        engine = Engine(store, metrics, BucketReader(), reconcile_interval=interval,
+                        tombstone_horizon=horizon, on_storage_error=stop_for)
         stack.callback(engine.close)
         engine.start()
         consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),

@@ -18,16 +18,15 @@
   mid-way, the download fails (412) and readers of that version get EIO instead of mixed
   bytes.
 
-Write side: a file being written is a *dirty* entry (``dirty`` = True) with a path of
-its own (``data/w-<id>``, independent of the key, so renames only re-key it and no
-download can ever land on it). Every dirty entry has a journal record
-``journal/w-<id>.json`` (bucket, key, view, tags, ...; written with tmp + rename before
-the first byte is accepted, removed when the upload succeeded). Dirty entries are never
-evicted.
+Write side: the cache stores the files of *dirty* entries too (``dirty`` = True: being
+written, or written and not uploaded yet), each under a path of its own (``data/w-<id>``,
+``own_file``), with its journal record (``journal/w-<id>.json``, ``write_record``). Their
+state changes are made by ``delvefs.client.fs.dirty`` alone; the cache never evicts a dirty
+entry and serves it to readers as it is.
 
 The cache's *clean* part lives for one mount session: when ``DataCache`` starts it
-removes every file except the dirty ones its journal names; those come back as dirty
-entries (``recovered``) that the core uploads at once (a mount that was SIGKILLed loses
+removes every file except the dirty ones its journal names; those journal records are
+``recovered``, for the core to take over and upload (a mount that was SIGKILLed loses
 nothing it had accepted). Time is ``trio.current_time()`` (tests use trio's MockClock).
 """
 from __future__ import annotations
@@ -45,7 +44,8 @@ from pathlib import Path
 
 import trio
 
-from .s3async import Changed, StoreError, pwrite_all
+from .errors import Changed, StoreError, cache_file_error
+from .s3async import pwrite_all
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ class Download:
 
 
 class CacheEntry:
+    """One object's bytes in the cache. ``dirty``, ``gen``, ``meta``, ``writers`` and
+    ``journaled`` are the write side's state (changed by ``delvefs.client.fs.dirty``)."""
     __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty", "download",
                  "gen", "meta", "writers", "journaled")
 
@@ -159,7 +161,6 @@ class DataCache:
         self.journal = Path(directory) / "journal"
         self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
         self.bytes = 0
-        self.recovered: list[CacheEntry] = []
         records = self._read_journal()
         keep = {r["file"] for r in records}
         for d in (self.dir, self.tmp, self.journal):
@@ -171,19 +172,7 @@ class DataCache:
                         shutil.rmtree(p)
                     else:
                         p.unlink()
-        for r in records:
-            entry = CacheEntry(r["bucket"], r["key"], str(self.dir / r["file"]))
-            entry.etag = ""
-            entry.size = os.stat(entry.path).st_size
-            entry.dirty = True
-            entry.meta = r
-            entry.journaled = True
-            old = self.entries.get((entry.bucket, entry.key))
-            if old is not None:  # two records for one key: the later one wins
-                self._drop(old)
-            self.entries[(entry.bucket, entry.key)] = entry
-            self.bytes += entry.size
-        self.recovered = list(self.entries.values())
+        self.recovered = records  # journal records of dirty files, for the write side
         self.limit = limit
         self.stream_threshold = stream_threshold
         self.nursery: trio.Nursery | None = None  # attach one to stream large objects
@@ -213,10 +202,10 @@ class DataCache:
         entry = self.entries.get(k)
         now = trio.current_time()
         if entry is not None and entry.download is not None and entry.download.error is None:
-            self._use(entry)  # join the running download of the current version
+            self.hold(entry)  # join the running download of the current version
             return entry, None
         if entry is not None and entry.etag is not None and (entry.dirty or now - entry.validated < ttl):
-            self._use(entry)
+            self.hold(entry)
             return entry, None
         ev = self._busy[k] = trio.Event()
         try:
@@ -226,7 +215,7 @@ class DataCache:
                 self.heads += 1
                 if info["etag"] == entry.etag:
                     entry.validated = trio.current_time()
-                    self._use(entry)
+                    self.hold(entry)
                     return entry, info
                 etag, size = info["etag"], info["size"]
             if self.nursery is not None and size >= self.stream_threshold:
@@ -234,7 +223,7 @@ class DataCache:
                     info = await store.head(bucket, key)
                     self.heads += 1
                 entry = self._stream(store, bucket, key, info["etag"], info["size"])
-                self._use(entry)
+                self.hold(entry)
                 return entry, info
             for attempt in range(5):
                 try:
@@ -247,7 +236,7 @@ class DataCache:
                     info = await store.head(bucket, key)
                     self.heads += 1
                     etag, size = info["etag"], info["size"]
-            self._use(entry)
+            self.hold(entry)
             return entry, info
         finally:
             del self._busy[k]
@@ -269,7 +258,7 @@ class DataCache:
                 raise Changed(f"GET {bucket}/{key}: {got} bytes, expected {size}")
             os.replace(tmp, path)  # atomic: readers see the old or the new file
         except OSError as exc:
-            raise StoreError(exc.errno or errno.EIO, f"cache file for {bucket}/{key}: {exc}") from exc
+            raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -333,7 +322,8 @@ class DataCache:
         self.nursery.start_soon(run)
         return entry
 
-    def _use(self, entry: CacheEntry) -> None:
+    def hold(self, entry: CacheEntry) -> None:
+        """An open handle uses the entry (never evicted until ``release``)."""
         entry.opens += 1
         self.entries.move_to_end((entry.bucket, entry.key))
 
@@ -347,20 +337,16 @@ class DataCache:
         entry = self.entries.get((bucket, key))
         if entry is not None and entry.opens == 0 and not entry.dirty and entry.download is None \
                 and (bucket, key) not in self._busy:
-            self._drop(entry)
+            self.drop(entry)
 
-    def _drop(self, entry: CacheEntry) -> None:
+    def drop(self, entry: CacheEntry) -> None:
+        """Out of the cache, its file deleted (a dirty entry's record is the write side's)."""
         if self.entries.get((entry.bucket, entry.key)) is entry:
             del self.entries[(entry.bucket, entry.key)]
         self.bytes -= entry.size
         _unlink(entry.path)
-        if entry.meta is not None:
-            if entry.journaled:
-                _unlink(str(self.journal / (entry.meta["file"] + ".json")))
-            entry.meta = None
-            entry.journaled = False
 
-    # ------------------------------------------------------------ write side
+    # ------------------------------------------------------------ write side's files
 
     def _read_journal(self) -> list[dict]:
         records = []
@@ -380,49 +366,34 @@ class DataCache:
                 p.unlink()
         return records
 
-    def journal_record(self, entry: CacheEntry) -> None:
-        """Make sure the dirty entry's record is on disk: before the first byte that differs
-        from S3 is accepted (a write, a truncate) and when an upload failed."""
-        if not entry.journaled and entry.meta is not None:
-            self._write_record(entry)
-
-    def _write_record(self, entry: CacheEntry) -> None:
-        entry.journaled = True
-        r = entry.meta
-        r["bucket"], r["key"] = entry.bucket, entry.key
-        final = self.journal / (r["file"] + ".json")
-        tmp = self.journal / (r["file"] + ".json.tmp")
+    def write_record(self, record: dict) -> None:
+        """Put a dirty file's journal record on disk (tmp + rename). Raises StoreError."""
+        final = self.journal / (record["file"] + ".json")
+        tmp = self.journal / (record["file"] + ".json.tmp")
         try:
             with open(tmp, "w") as f:
-                json.dump(r, f)
+                json.dump(record, f)
             os.replace(tmp, final)
         except OSError as exc:
             _unlink(str(tmp))
-            raise StoreError(exc.errno or errno.EIO,
-                             f"journal of {entry.bucket}/{entry.key}: {exc.strerror}") from exc
+            raise cache_file_error(exc, f"journal of {record['bucket']}/{record['key']}") from exc
 
-    def _new_path(self) -> tuple[str, str]:
-        name = f"w-{os.urandom(8).hex()}"
-        return name, str(self.dir / name)
+    def remove_record(self, record: dict) -> None:
+        _unlink(str(self.journal / (record["file"] + ".json")))
 
-    def writable(self, bucket: str, key: str, meta: dict, *, truncate: bool, held: int = 0) -> CacheEntry:
-        """Make the entry of ``bucket/key`` a dirty, writable local file of its own (the
-        caller journals it with ``journal_record`` before its first write). ``truncate`` (or no cached content): an empty file; otherwise the
-        cached content is taken over (moved, or copied while readers have it open).
-        Raises StoreError (ENOSPC, EIO) when the cache disk refuses."""
+    def own_file(self, bucket: str, key: str, *, empty: bool, held: int = 0) -> CacheEntry:
+        """A new entry of ``bucket/key`` in place of the cached one, with a file of its own
+        (``data/w-<id>``): empty (``empty``, or no cached content), or the cached content
+        taken over (moved, or copied while readers have it open; ``held``: opens of the
+        caller, not readers). Raises StoreError (ENOSPC, EIO) when the cache disk refuses."""
         k = (bucket, key)
         entry = self.entries.get(k)
-        if entry is not None and entry.dirty:
-            if truncate and entry.size:
-                self.truncate(entry, 0)
-            entry.meta.update({x: y for x, y in meta.items() if x not in entry.meta})
-            return entry
-        name, path = self._new_path()
+        path = str(self.dir / f"w-{os.urandom(8).hex()}")
         try:
-            if truncate or entry is None or entry.etag is None or entry.download is not None:
+            if empty or entry is None or entry.etag is None or entry.download is not None:
                 open(path, "xb").close()
                 size = 0
-            elif entry.opens > held:  # (``held``: opens of the caller, not readers)
+            elif entry.opens > held:
                 shutil.copyfile(entry.path, path)  # open readers keep their version
                 size = entry.size
             else:
@@ -430,13 +401,11 @@ class DataCache:
                 size = entry.size
         except OSError as exc:
             _unlink(path)
-            raise StoreError(exc.errno or errno.EIO, f"cache file for {bucket}/{key}: {exc.strerror}") from exc
+            raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
         if entry is not None:
             self.bytes -= entry.size
         new = CacheEntry(bucket, key, path)
-        new.etag, new.size, new.dirty = "", size, True
-        new.meta = {"file": name, **meta}
-        new.opens = 0  # journaled at its first write (a created, never written file: lazily)
+        new.etag, new.size = "", size
         if entry is not None and entry.path != path and entry.download is None:
             _unlink(entry.path)  # open readers keep reading through their descriptors
         self.entries[k] = new
@@ -444,64 +413,35 @@ class DataCache:
         self.bytes += size
         return new
 
-    def truncate(self, entry: CacheEntry, size: int) -> None:
-        self.journal_record(entry)
-        try:
-            os.truncate(entry.path, size)
-        except OSError as exc:
-            raise StoreError(exc.errno or errno.EIO,
-                             f"cache file for {entry.bucket}/{entry.key}: {exc.strerror}") from exc
-        self.resized(entry, size)
+    def add(self, entry: CacheEntry) -> None:
+        """Take in an entry whose file is in the data directory already (a recovered one),
+        in place of the cached one."""
+        old = self.entries.get((entry.bucket, entry.key))
+        if old is not None:
+            self.drop(old)
+        self.entries[(entry.bucket, entry.key)] = entry
+        self.bytes += entry.size
 
-    def resized(self, entry: CacheEntry, size: int) -> None:
+    def resize(self, entry: CacheEntry, size: int) -> None:
         self.bytes += size - entry.size
         entry.size = size
-        entry.gen += 1
 
-    def redirty(self, entry: CacheEntry, meta: dict) -> None:
-        """An entry cleaned by an upload is written again through a handle still open."""
-        entry.dirty = True
-        entry.meta = {"file": os.path.basename(entry.path), **meta}
-        self._write_record(entry)
-
-    def update_record(self, entry: CacheEntry, **changes) -> None:
-        entry.meta.update(changes)
-        if entry.journaled:
-            self._write_record(entry)
-
-    def clean(self, entry: CacheEntry, etag: str) -> None:
-        """The entry's content is now object ``etag`` in S3: no longer dirty."""
-        entry.dirty = False
+    def validated(self, entry: CacheEntry, etag: str) -> None:
+        """The entry's content is object version ``etag`` in S3 now (it was uploaded)."""
         entry.etag = etag
         entry.validated = trio.current_time()
-        if entry.meta is not None:
-            if entry.journaled:
-                _unlink(str(self.journal / (entry.meta["file"] + ".json")))
-            entry.meta = None
-            entry.journaled = False
         self.evict()
 
     def rekey(self, entry: CacheEntry, bucket: str, key: str) -> None:
-        """The entry now belongs to ``bucket/key`` (a rename); an entry there is dropped."""
+        """The entry now belongs to ``bucket/key`` (a rename); an entry there is dropped
+        (a dirty one is the write side's to discard first: its journal record)."""
         if self.entries.get((entry.bucket, entry.key)) is entry:
             del self.entries[(entry.bucket, entry.key)]
         old = self.entries.get((bucket, key))
         if old is not None and old is not entry:
-            if old.dirty:
-                old.dirty = False  # replaced by the rename: its data is no longer wanted
-            self._drop(old)
+            self.drop(old)
         entry.bucket, entry.key = bucket, key
         self.entries[(bucket, key)] = entry
-        if entry.meta is not None and entry.journaled:
-            self._write_record(entry)
-
-    def discard(self, entry: CacheEntry) -> None:
-        """Drop an entry whatever its state (its file was unlinked / replaced)."""
-        entry.dirty = False
-        self._drop(entry)
-
-    def dirty_entries(self) -> list[CacheEntry]:
-        return [e for e in self.entries.values() if e.dirty]
 
     def evict(self) -> None:
         """Drop least-recently-used clean, closed entries until within ``limit``."""
@@ -512,7 +452,7 @@ class DataCache:
                 break
             if entry.opens or entry.dirty or entry.download is not None or k in self._busy:
                 continue
-            self._drop(entry)
+            self.drop(entry)
             self.evictions += 1
 
 

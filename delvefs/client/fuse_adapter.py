@@ -2,8 +2,8 @@
 
 ``Adapter`` turns pyfuse3's low-level requests into calls on the protocol-free core
 (:class:`delvefs.client.fs.core.FileSystem`): names bytes -> str, nodes -> EntryAttributes,
-:class:`FsError` -> ``FUSEError``. No exception escapes a handler: an unexpected one is
-logged with its traceback and answered with EIO.
+:class:`FsError` -> ``FUSEError`` (the errno table: ``delvefs.client.errors``). No exception
+escapes a handler: an unexpected one is logged with its traceback and answered with EIO.
 
 Kernel caches: entries and attributes are cached for the view's ``ttl``; a name missing
 from a fresh listing is answered with a *negative entry* (inode 0) cached as long.
@@ -22,13 +22,15 @@ import os
 import pyfuse3
 import trio
 
-from .fs.core import FileSystem, FsError
+from .errors import FsError, errno_of_oserror
+from .fs.core import FileSystem
 
 log = logging.getLogger(__name__)
 
 
 def _guard(fn):
-    """Map FsError to its errno and anything unexpected to EIO with a log line."""
+    """Map FsError to its errno, an OSError (cache file I/O) to its own, and anything
+    unexpected to EIO with a log line."""
     @functools.wraps(fn)
     async def wrapper(self, *args):
         try:
@@ -42,7 +44,7 @@ def _guard(fn):
             raise pyfuse3.FUSEError(exc.errno) from None
         except OSError as exc:
             log.warning("%s%r: %s", fn.__name__, args[:2], exc)
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+            raise pyfuse3.FUSEError(errno_of_oserror(exc)) from None
         except Exception:  # noqa: BLE001 — the contract: never let one escape
             log.exception("unexpected error in %s%r", fn.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None

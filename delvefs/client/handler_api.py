@@ -1,17 +1,32 @@
-"""HTTP client of the event handler's API (docs/API.md) for the FUSE client.
+"""The one client of the event handler's HTTP API (docs/API.md).
 
-``httpx.AsyncClient`` on trio (via anyio): requests never block the loop. Listings and
-changes are requested as msgpack. Errors: :class:`HandlerUnavailable` (cannot reach
-it / 5xx), :class:`Resync` (410 on changes: list again), :class:`HandlerError` (other).
+Two layers:
+
+- *Requests*: one function per endpoint (``register_request``, ``list_request``, ...)
+  describes a request — path, parameters, headers — as an :class:`ApiRequest`, which also
+  reads the answer: the body decoded (msgpack or JSON), the status mapped to an error.
+  No I/O; the change stream's server-sent events are read by :func:`stream_changes`.
+- *Clients* send them: :class:`HandlerClient` (``httpx.AsyncClient`` on trio via anyio,
+  the mount: requests never block the loop) and :class:`SyncHandlerClient`
+  (``httpx.Client``: ``delvefs watch``, the tests' and benchmarks' ``HandlerProcess``).
+  Both offer the operations of :class:`HandlerOperations`.
+
+Listings and changes are requested as msgpack, other answers as JSON. Errors:
+:class:`HandlerUnavailable` (cannot reach it / 5xx, e.g. 503 "scanning"), :class:`Resync`
+(410: the version is older than the change log: list again), :class:`HandlerError`
+(any other refusal: 400, 401, 403, 404 ...; ``status`` and ``code`` say which).
 """
 from __future__ import annotations
 
+import json
 import urllib.parse
+from collections.abc import Iterable, Iterator
 
 import httpx
 import msgpack
 
 MSGPACK = "application/msgpack"
+JSON = "application/json"
 
 
 class HandlerError(Exception):
@@ -33,19 +48,200 @@ class Resync(HandlerError):
         self.version = version
 
 
-class HandlerClient:
+# ----------------------------------------------------------------- requests
+
+class ApiRequest:
+    """One request of the API, and how its answer is read. (A plain class: making a
+    dataclass would add ~1.5 ms to every mount's start.)"""
+
+    __slots__ = ("method", "path", "what", "params", "body", "headers", "timeout",
+                 "answer_field", "absent_is_none", "text")
+
+    def __init__(self, method: str, path: str, what: str, *, params: dict | None = None,
+                 body: object = None, headers: dict | None = None, timeout: float | None = None,
+                 answer_field: str | None = None, absent_is_none: bool = False, text: bool = False):
+        self.method, self.path = method, path
+        self.what = what                  # names the request in error messages
+        self.params = params
+        self.body = body                  # sent as JSON
+        self.headers = {"Accept": JSON} if headers is None else headers
+        self.timeout = timeout            # else the client's
+        self.answer_field = answer_field  # the answer is this field of the body
+        self.absent_is_none = absent_is_none  # 404 answers None
+        self.text = text                  # the answer is the body as text
+
+    def httpx_args(self) -> dict:
+        args = {"method": self.method, "url": self.path, "params": self.params,
+                "json": self.body, "headers": self.headers}
+        if self.timeout is not None:
+            args["timeout"] = self.timeout
+        return args
+
+    def answer(self, resp: httpx.Response):
+        """The answer of a complete response, or the error it means (raised)."""
+        if resp.status_code == 200:
+            if self.text:
+                return resp.text
+            body = decoded_body(resp)
+            return body[self.answer_field] if self.answer_field else body
+        if resp.status_code == 404 and self.absent_is_none:
+            return None
+        raise api_error(self.what, resp.status_code, decoded_body(resp))
+
+
+def decoded_body(resp: httpx.Response) -> object:
+    """The body, decoded by its content type (msgpack, else JSON); a body that is neither
+    (an error page of a proxy) as ``{"message": <its start>}``."""
+    if not resp.content:
+        return None
+    try:
+        if resp.headers.get("content-type", "").startswith(MSGPACK):
+            return msgpack.unpackb(resp.content, raw=False)
+        return resp.json()
+    except ValueError:
+        return {"message": resp.text[:200]}
+
+
+def api_error(what: str, status: int, body) -> HandlerError:
+    """The error a non-200 answer means (docs/API.md: ``{"error", "message"}`` bodies)."""
+    body = body if isinstance(body, dict) else {}
+    if status == 410:
+        return Resync(body.get("version"))
+    msg = f"{what}: HTTP {status} {body.get('error', '')}: {body.get('message', '')}".rstrip(": ")
+    cls = HandlerUnavailable if status >= 500 else HandlerError
+    return cls(msg, status, body.get("error"))
+
+
+def unreachable(base_url: str, exc: httpx.HTTPError) -> HandlerUnavailable:
+    return HandlerUnavailable(f"event handler at {base_url} unreachable: {type(exc).__name__}: {exc}")
+
+
+def health_request(timeout: float | None = None) -> ApiRequest:
+    return ApiRequest("GET", "/healthz", "health", timeout=timeout)
+
+
+def metrics_request() -> ApiRequest:
+    return ApiRequest("GET", "/metrics", "metrics", headers={}, text=True)
+
+
+def register_request(client: str, views: list[dict], proof: dict[str, str]) -> ApiRequest:
+    """``views``: [{"name", "spec"}]; ``proof``: {bucket: presigned ListObjectsV2 URL}."""
+    return ApiRequest("POST", "/v1/views", "registering views",
+                      body={"client": client, "views": views, "proof": proof}, answer_field="views")
+
+
+def list_request(view_id: str, after: str | None, limit: int, wait: float | None = None) -> ApiRequest:
+    """A page of the view's listing: objects with keys greater than ``after``. While the
+    bucket's first scan runs the handler holds it up to ``wait`` seconds (its default: 30),
+    then answers 503 "scanning"."""
+    params = {"limit": limit}
+    if wait is not None:
+        params["wait"] = wait
+    if after is not None:
+        params["after"] = after
+    return ApiRequest("GET", f"/v1/views/{view_id}/objects", f"listing view {view_id}",
+                      params=params, headers={"Accept": f"{MSGPACK}, {JSON}"})
+
+
+def changes_request(view_id: str, since: int, limit: int, wait: float = 0) -> ApiRequest:
+    params = {"since": since, "limit": limit}
+    if wait:
+        params["wait"] = wait
+    return ApiRequest("GET", f"/v1/views/{view_id}/changes", f"changes of view {view_id}",
+                      params=params, headers={"Accept": f"{MSGPACK}, {JSON}"})
+
+
+def lookup_request(bucket: str, key: str) -> ApiRequest:
+    path = f"/v1/objects/{urllib.parse.quote(bucket, safe='')}/{urllib.parse.quote(key, safe='')}"
+    return ApiRequest("GET", path, f"looking up {bucket}/{key}", absent_is_none=True)
+
+
+def stream_request(view_id: str, since: int) -> ApiRequest:
+    """The change stream after version ``since``: a reconnecting client passes the last
+    version it saw (``Last-Event-ID``, as browsers do; ``since`` for the first connect)."""
+    return ApiRequest("GET", f"/v1/views/{view_id}/stream", f"change stream of view {view_id}",
+                      params={"since": since},
+                      headers={"Accept": "text/event-stream", "Last-Event-ID": str(since)})
+
+
+def stream_changes(lines: Iterable[str]) -> Iterator[dict]:
+    """The changes in the lines of a change stream (server-sent events), in order;
+    raises :class:`Resync` where the handler sends ``event: resync``."""
+    event, data = "message", []
+    for line in lines:
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif line == "":  # end of one event
+            if event == "resync":
+                raise Resync(json.loads("\n".join(data)).get("version") if data else None)
+            if data:
+                yield json.loads("\n".join(data))
+            event, data = "message", []
+        # `id:` repeats the change's "v"; ":" lines are keepalives.
+
+
+# ----------------------------------------------------------------- clients
+
+def _http_options(base_url: str, token: str | None, timeout: float) -> dict:
+    """httpx client options shared by both clients."""
+    return {"base_url": base_url,
+            "headers": {"Authorization": f"Bearer {token}"} if token else {},
+            # plain http: no TLS context with the CA bundle loaded (~60 ms at every mount)
+            "verify": not base_url.lower().startswith("http://"),
+            "timeout": httpx.Timeout(timeout, connect=5.0)}
+
+
+class HandlerOperations:
+    """The API's operations, written once for both clients: each returns what the
+    client's ``_call`` returns — the answer in :class:`SyncHandlerClient`, an awaitable
+    of it in :class:`HandlerClient`."""
+
+    base_url: str
+    timeout: float
+
+    def _call(self, request: ApiRequest):
+        raise NotImplementedError
+
+    def health(self, *, timeout: float | None = None):
+        """``{"status", "amqp", "views", "buckets", ...}`` (no token needed)."""
+        return self._call(health_request(timeout))
+
+    def register(self, client: str, views: list[dict], proof: dict[str, str]):
+        """``views``: [{"name", "spec"}] -> [{"name", "id", "version"}]."""
+        return self._call(register_request(client, views, proof))
+
+    def list_page(self, view_id: str, after: str | None, limit: int = 50000):
+        """``{"version", "objects", "next"}``."""
+        # a bucket still being scanned is answered 503 "scanning" well before this client
+        # would give up waiting
+        return self._call(list_request(view_id, after, limit, wait=self.timeout / 2))
+
+    def changes(self, view_id: str, since: int, limit: int = 50000, wait: float = 0):
+        """``{"version", "changes", "more"}``; raises :class:`Resync`."""
+        return self._call(changes_request(view_id, since, limit, wait))
+
+    def lookup(self, bucket: str, key: str):
+        """The handler's record of one object, or None."""
+        return self._call(lookup_request(bucket, key))
+
+    def metrics(self):
+        """The Prometheus text."""
+        return self._call(metrics_request())
+
+
+class HandlerClient(HandlerOperations):
+    """The mount's client: every operation is a coroutine."""
+
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 20.0):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # plain http: no TLS context with the CA bundle loaded (~60 ms at every mount)
-        verify = not self.base_url.lower().startswith("http://")
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, verify=verify,
-                                       timeout=httpx.Timeout(timeout, connect=5.0),
-                                       limits=httpx.Limits(max_connections=16))
+        self.http = httpx.AsyncClient(**_http_options(self.base_url, token, timeout),
+                                      limits=httpx.Limits(max_connections=16))
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self.http.aclose()
 
     async def __aenter__(self) -> "HandlerClient":
         return self
@@ -53,70 +249,71 @@ class HandlerClient:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, *, params=None, json=None) -> tuple[int, object]:
+    async def _call(self, request: ApiRequest):
         try:
-            resp = await self._http.request(method, path, params=params, json=json,
-                                            headers={"Accept": f"{MSGPACK}, application/json"})
+            resp = await self.http.request(**request.httpx_args())
         except httpx.HTTPError as exc:
-            raise HandlerUnavailable(f"event handler at {self.base_url} unreachable: "
-                                     f"{type(exc).__name__}: {exc}") from exc
-        ctype = resp.headers.get("content-type", "")
-        body: object = None
-        if resp.content:
-            try:
-                body = (msgpack.unpackb(resp.content, raw=False) if ctype.startswith(MSGPACK)
-                        else resp.json())
-            except ValueError:
-                body = {"message": resp.text[:200]}
-        return resp.status_code, body
+            raise unreachable(self.base_url, exc) from exc
+        return request.answer(resp)
 
-    def _error(self, what: str, status: int, body) -> HandlerError:
-        body = body if isinstance(body, dict) else {}
-        msg = f"{what}: HTTP {status} {body.get('error', '')}: {body.get('message', '')}".rstrip(": ")
-        cls = HandlerUnavailable if status >= 500 else HandlerError
-        return cls(msg, status, body.get("error"))
 
-    async def health(self) -> dict:
-        status, body = await self._request("GET", "/healthz")
-        if status != 200:
-            raise self._error("health", status, body)
-        return body
+class SyncHandlerClient(HandlerOperations):
+    """A blocking client (``delvefs watch``, tests, benchmarks). ``http`` is its
+    ``httpx.Client`` (base URL and token set) for requests of one's own."""
 
-    async def register(self, client: str, views: list[dict], proof: dict[str, str]) -> list[dict]:
-        """``views``: [{"name", "spec"}] -> [{"name", "id", "version"}]."""
-        status, body = await self._request("POST", "/v1/views",
-                                           json={"client": client, "views": views, "proof": proof})
-        if status != 200:
-            raise self._error("registering views", status, body)
-        return body["views"]
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 20.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.http = httpx.Client(**_http_options(self.base_url, token, timeout))
 
-    async def list_page(self, view_id: str, after: str | None, limit: int = 50000) -> dict:
-        # while the bucket's first scan runs the handler holds the request up to `wait`
-        # seconds, then says 503 "scanning": well before this client would give up
-        params = {"limit": limit, "wait": self.timeout / 2}
-        if after is not None:
-            params["after"] = after
-        status, body = await self._request("GET", f"/v1/views/{view_id}/objects", params=params)
-        if status != 200:
-            raise self._error(f"listing view {view_id}", status, body)
-        return body
+    def close(self) -> None:
+        self.http.close()
 
-    async def changes(self, view_id: str, since: int, limit: int = 50000, wait: float = 0) -> dict:
-        params = {"since": since, "limit": limit}
-        if wait:
-            params["wait"] = wait
-        status, body = await self._request("GET", f"/v1/views/{view_id}/changes", params=params)
-        if status == 410:
-            raise Resync((body or {}).get("version") if isinstance(body, dict) else None)
-        if status != 200:
-            raise self._error(f"changes of view {view_id}", status, body)
-        return body
+    def __enter__(self) -> "SyncHandlerClient":
+        return self
 
-    async def lookup(self, bucket: str, key: str) -> dict | None:
-        path = f"/v1/objects/{urllib.parse.quote(bucket, safe='')}/{urllib.parse.quote(key, safe='')}"
-        status, body = await self._request("GET", path)
-        if status == 404:
-            return None
-        if status != 200:
-            raise self._error(f"looking up {bucket}/{key}", status, body)
-        return body
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def response(self, request: ApiRequest) -> httpx.Response:
+        """The response to ``request`` as it is, whatever its status."""
+        try:
+            return self.http.request(**request.httpx_args())
+        except httpx.HTTPError as exc:
+            raise unreachable(self.base_url, exc) from exc
+
+    def _call(self, request: ApiRequest):
+        return request.answer(self.response(request))
+
+    def pages(self, view_id: str, limit: int = 5000) -> Iterator[dict]:
+        """The pages of the view's listing, in order."""
+        after = None
+        while True:
+            page = self.list_page(view_id, after, limit)
+            yield page
+            after = page["next"]
+            if not after:
+                return
+
+    def list_all(self, view_id: str, limit: int = 5000) -> tuple[int, dict[str, dict]]:
+        """The version of the first page (apply changes from there) and every object of the
+        view by key, in key order."""
+        version, objects = None, {}
+        for page in self.pages(view_id, limit):
+            version = page["version"] if version is None else version
+            objects.update((obj["key"], obj) for obj in page["objects"])
+        return version, objects
+
+    def follow(self, view_id: str, since: int) -> Iterator[dict]:
+        """The view's changes after version ``since`` as the handler streams them, until it
+        closes the stream. Raises :class:`Resync`, :class:`HandlerUnavailable` (the stream
+        could not be opened or broke off) or :class:`HandlerError` (refused)."""
+        request = stream_request(view_id, since)
+        try:
+            with self.http.stream(**request.httpx_args()) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise api_error(request.what, resp.status_code, decoded_body(resp))
+                yield from stream_changes(resp.iter_lines())
+        except httpx.HTTPError as exc:
+            raise unreachable(self.base_url, exc) from exc

@@ -193,10 +193,8 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
         async def check_buckets():
             for bucket in buckets:
                 try:
-                    if lazy:
-                        await _check_bucket(proofs[bucket])
-                    else:
-                        await store.check_bucket(bucket)
+                    # static keys: GET the proof, keeping botocore off the way to ready
+                    await store.check_bucket(bucket, proof=proofs[bucket] if lazy else None)
                 except StoreError as exc:
                     errors.setdefault("s3", f"S3 bucket {bucket} at {endpoint}: {exc}")
                     return
@@ -280,38 +278,6 @@ async def _warm(store, cache) -> None:
     while cache.streaming:
         await trio.sleep(0.25)
     await store.warm()
-
-
-async def _check_bucket(url: str) -> None:
-    """GET a presigned ListObjectsV2 URL (max-keys=0): the bucket exists, the store
-    answers and these credentials may list it. Raises StoreError."""
-    import errno
-
-    import httpx
-    import trio
-
-    from .s3async import StoreError
-    https = url.startswith("https:")
-    verify = (os.environ.get("AWS_CA_BUNDLE") or True) if https else False
-    async with httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(
-            S3_READ_TIMEOUT, connect=S3_CONNECT_TIMEOUT)) as http:
-        for attempt in range(S3_ATTEMPTS):
-            try:
-                resp = await http.get(url)
-                break
-            except httpx.HTTPError as exc:
-                if attempt == S3_ATTEMPTS - 1:
-                    raise StoreError(errno.EIO, f"{type(exc).__name__}: {exc}") from None
-                await trio.sleep(0.1 * 2 ** attempt)
-    if resp.status_code == 200:
-        return
-    code = re.search(r"<Code>([^<]*)</Code>", resp.text)
-    code = code.group(1) if code else f"HTTP {resp.status_code}"
-    if resp.status_code == 404:
-        raise StoreError(errno.ENOENT, f"no such bucket ({code})")
-    if resp.status_code == 403:
-        raise StoreError(errno.EACCES, f"access denied ({code})")
-    raise StoreError(errno.EIO, code)
 
 
 # ----------------------------------------------------------------- commands

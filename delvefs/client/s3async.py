@@ -4,7 +4,8 @@ for deletes, HEADs, small PUTs and downloads) runs in a worker thread
 
 ``S3Store`` is the real one; tests give the core a fake with the same coroutines
 (read side: head, tags, download; write side: upload, copy, delete, put_tags).
-Errors come out as :class:`StoreError` with an errno (ENOENT, EACCES, EIO, ...).
+Errors come out as :class:`StoreError` with an errno (ENOENT, EACCES, EIO, ...; the table is
+``delvefs.client.errors``), a 412 as its subclass :class:`Changed`.
 """
 from __future__ import annotations
 
@@ -18,37 +19,9 @@ import time
 import trio
 
 from ..shared import s3
+from .errors import Changed, StoreError, store_error  # noqa: F401 — Changed: raised by S3Store too
 
 log = logging.getLogger(__name__)
-
-
-class StoreError(Exception):
-    def __init__(self, err: int, message: str):
-        super().__init__(message)
-        self.errno = err
-
-
-class Changed(StoreError):
-    """The object no longer has the ETag the download asked for (HTTP 412)."""
-
-    def __init__(self, message: str):
-        super().__init__(errno.EAGAIN, message)
-
-
-def _map(exc: BaseException, what: str) -> StoreError:
-    code = s3.error_code(exc)
-    if code in s3.MISSING_CODES:
-        return StoreError(errno.ENOENT, f"{what}: no such object")
-    if code in ("412", "PreconditionFailed"):
-        return Changed(f"{what}: object changed during download")
-    if code in ("InvalidTag", "InvalidTagKey", "InvalidTagValue", "BadRequest"):
-        return StoreError(errno.EINVAL, f"{what}: {code}")
-    if code in ("403", "AccessDenied"):
-        return StoreError(errno.EACCES, f"{what}: access denied")
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        # the cache directory has no room (or the process a file size limit): say so
-        return StoreError(exc.errno, f"{what}: no room in the cache directory: {exc.strerror}")
-    return StoreError(errno.EIO, f"{what}: {type(exc).__name__}: {exc}")
 
 
 CLIENT = object()   # placeholders in S3Store._call's arguments
@@ -132,7 +105,7 @@ class S3Store:
         try:
             return await trio.to_thread.run_sync(run, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
-            raise _map(exc, what) from exc
+            raise store_error(exc, what) from exc
 
     async def head(self, bucket: str, key: str) -> dict:
         return await self._call(f"HEAD {bucket}/{key}", s3.head_object, LEAN, bucket, key)
@@ -162,7 +135,7 @@ class S3Store:
                     write = target.write_at
                 await self._get_parts(bucket, key, etag, size, write)
             except Exception as exc:  # noqa: BLE001 — mapped to an errno
-                raise _map(exc, what) from exc
+                raise store_error(exc, what) from exc
             finally:
                 if fd is not None:
                     os.close(fd)
@@ -226,8 +199,30 @@ class S3Store:
         await self._call(f"PutObjectTagging {bucket}/{key}", s3.put_object_tags, CLIENT,
                          bucket, key, tags)
 
-    async def check_bucket(self, bucket: str) -> None:
-        await self._call(f"bucket {bucket}", lambda c: c.head_bucket(Bucket=bucket), CLIENT)
+    async def check_bucket(self, bucket: str, *, proof: str | None = None) -> None:
+        """The bucket exists, the store answers and these credentials may read it. With the
+        lean client and ``proof`` (the bucket's presigned ListObjectsV2 URL): by GETting the
+        proof, without botocore, with the lean client's tries and timeouts; else HeadBucket.
+        StoreError: ENOENT (no such bucket), EACCES (access denied), else EIO."""
+        from .errors import errno_of_s3_code
+
+        def check():
+            if proof is not None and self.lean is not None:
+                s3.check_bucket_with_proof(proof, attempts=self.lean.attempts,
+                                           connect_timeout=self.lean.connect_timeout,
+                                           read_timeout=self.lean.read_timeout)
+            else:
+                s3.check_bucket(self.client, bucket)
+        try:
+            await trio.to_thread.run_sync(check, limiter=self.limiter)
+        except s3.S3Error as exc:
+            code = f"HTTP {exc.status}" if exc.code == str(exc.status) else exc.code
+            err = errno_of_s3_code(exc.code, exc.status)
+            message = {errno.ENOENT: f"no such bucket ({code})",
+                       errno.EACCES: f"access denied ({code})"}.get(err, code)
+            raise StoreError(err, message) from exc
+        except Exception as exc:  # noqa: BLE001 — the store could not be reached
+            raise StoreError(errno.EIO, f"{type(exc).__name__}: {exc}") from exc
 
 
 def pwrite_all(fd: int, offset: int, data) -> None:

@@ -30,25 +30,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import orjson
-
 from ..shared.config import handler_token
 from .fs.inodes import relative_path
+from .handler_api import HandlerError, Resync, SyncHandlerClient
 
 log = logging.getLogger("delvefs.client.watch")
 VIEW_XATTR = "user.delvefs.view"
 SYNC_XATTR = "user.delvefs.sync"
 PAGE = 5000
 RETRY_MAX = 2.0
+# longer than the handler's keepalives on the change stream (every 15 s)
+STREAM_READ_TIMEOUT = 45.0
 
 
 class WatchError(Exception):
     """Something the user must fix (not a view directory, mount gone): one line, exit 1."""
-
-
-class Resync(Exception):
-    """The handler's change log no longer reaches back to our version: list again."""
 
 
 @dataclass(frozen=True)
@@ -76,32 +72,16 @@ class Watcher:
         self.view_dir = view_dir
         self.view = ViewInfo.of(view_dir)
         self.out = out
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.view.handler, headers=headers,
-                                 timeout=httpx.Timeout(45.0, connect=5.0))
+        self.handler = SyncHandlerClient(self.view.handler, token, timeout=STREAM_READ_TIMEOUT)
         self.present: set[str] = set()
         self.version = 0
 
     # --- state ---------------------------------------------------------------------------
 
-    def list_view(self) -> tuple[int, list[str]]:
-        """All keys of the view and the version of the first page."""
-        keys, after, version = [], None, None
-        while True:
-            params = {"limit": PAGE, **({"after": after} if after else {})}
-            resp = self.http.get(f"/v1/views/{self.view.id}/objects", params=params)
-            resp.raise_for_status()
-            page = resp.json()
-            version = page["version"] if version is None else version
-            keys.extend(obj["key"] for obj in page["objects"])
-            after = page["next"]
-            if not after:
-                return version, keys
-
     def relist(self, print_new: bool) -> None:
-        version, keys = self.list_view()
-        new = [k for k in keys if k not in self.present]
-        self.present = set(keys)
+        version, objects = self.handler.list_all(self.view.id, PAGE)
+        new = [k for k in objects if k not in self.present]
+        self.present = set(objects)
         self.version = version
         if print_new:
             self.emit(new, version)
@@ -132,25 +112,8 @@ class Watcher:
 
     def follow(self) -> None:
         """Consume the change stream from ``self.version`` on (raises Resync when the handler asks)."""
-        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(self.version)}
-        with self.http.stream("GET", f"/v1/views/{self.view.id}/stream",
-                              params={"since": self.version}, headers=headers) as resp:
-            if resp.status_code == 410:
-                raise Resync()
-            resp.raise_for_status()
-            event, data = "message", []
-            for line in resp.iter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    data.append(line[5:].lstrip())
-                elif line == "":  # end of one event
-                    if event == "resync":
-                        raise Resync()
-                    if data:
-                        self.apply(orjson.loads("\n".join(data)))
-                    event, data = "message", []
-                # `id:` repeats the change's "v"; ":" lines are keepalives.
+        for change in self.handler.follow(self.view.id, self.version):
+            self.apply(change)
 
     def run(self, existing: bool) -> None:
         self.relist(print_new=existing)
@@ -165,21 +128,19 @@ class Watcher:
                 self.relist(print_new=True)
                 delay = 0.1
                 continue
-            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (401, 403, 404):
-                    raise WatchError(f"handler refused view {self.view.name}: "
-                                     f"HTTP {exc.response.status_code} {exc.response.text.strip()}") from None
-                log.warning("change stream of %s interrupted (%s); reconnecting", self.view.name,
-                            type(exc).__name__)
+            except HandlerError as exc:
+                if exc.status in (401, 403, 404):
+                    raise WatchError(f"handler refused view {self.view.name}: {exc}") from None
+                log.warning("change stream of %s interrupted (%s); reconnecting", self.view.name, exc)
             if not self.view_dir.is_dir():
                 raise WatchError(f"{self.view_dir} is gone (unmounted?)")
             time.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
             try:
                 # The handler may have been reset: a version it no longer knows is a 410.
-                self.http.get("/healthz").raise_for_status()
+                self.handler.health()
                 delay = 0.1
-            except httpx.HTTPError:
+            except HandlerError:
                 pass
 
 

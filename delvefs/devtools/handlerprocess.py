@@ -1,5 +1,6 @@
 """Helpers for tests and benchmarks of the handler: run ``delvefs eventhandler`` as a real
-subprocess on a free port, talk to its API, publish crafted MinIO-format events."""
+subprocess on a free port, talk to its API (through :mod:`delvefs.client.handler_api`),
+publish crafted MinIO-format events."""
 from __future__ import annotations
 
 import os
@@ -13,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pika
 
+from delvefs.client.handler_api import HandlerError, SyncHandlerClient, register_request
 from delvefs.devtools.localservices import free_port
 
+from eventhandler.amqp import EventPublisher
 from eventhandler.events import make_message
 
 VENV_BIN = Path(sys.executable).parent
@@ -41,8 +43,9 @@ class HandlerProcess:
         self.proc: subprocess.Popen | None = None
         # RLIMIT_FSIZE for the process: writes past it fail with EFBIG (a disk that fills up)
         self.file_size_limit = file_size_limit
-        self.http = httpx.Client(base_url=self.url, timeout=60,
-                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+        self.api = SyncHandlerClient(self.url, token, timeout=60)
+        # for tests of the API itself: requests of their own, answers as they are
+        self.http = self.api.http
 
     def start(self, timeout: float = 30) -> "HandlerProcess":
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -57,10 +60,9 @@ class HandlerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"handler exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                r = httpx.get(self.url + "/healthz", timeout=1)
-                if r.status_code == 200 and r.json()["amqp"] == "connected":
+                if self.api.health(timeout=1)["amqp"] == "connected":
                     return self
-            except httpx.HTTPError:
+            except HandlerError:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"handler not ready after {timeout} s:\n{self.log_tail()}")
@@ -89,36 +91,27 @@ class HandlerProcess:
             self.stop()
         except subprocess.TimeoutExpired:
             self.kill()
-        self.http.close()
+        self.api.close()
 
     # API helpers
     def register(self, views: dict[str, dict], proof: dict[str, str], client: str = "test") -> httpx.Response:
-        return self.http.post("/v1/views", json={
-            "client": client, "views": [{"name": n, "spec": s} for n, s in views.items()],
-            "proof": proof})
+        """The handler's response as it is: tests look at refusals too."""
+        return self.api.response(register_request(
+            client, [{"name": n, "spec": s} for n, s in views.items()], proof))
 
     def pages(self, vid: str, limit: int = 5000) -> Iterator[dict]:
-        """The pages of a view's listing (GET objects, following ``next``)."""
-        after = None
-        while True:
-            params = {"limit": limit, **({"after": after} if after else {})}
-            r = self.http.get(f"/v1/views/{vid}/objects", params=params)
-            r.raise_for_status()
-            page = r.json()
-            yield page
-            if not page["next"]:
-                return
-            after = page["next"]
+        """The pages of a view's listing."""
+        return self.api.pages(vid, limit)
 
     def list_all(self, vid: str, limit: int = 5000) -> tuple[int, dict[str, dict]]:
-        pages = list(self.pages(vid, limit))
-        return pages[0]["version"], {o["key"]: o for p in pages for o in p["objects"]}
+        return self.api.list_all(vid, limit)
 
     def keys(self, vid: str) -> set[str]:
         return set(self.list_all(vid)[1])
 
     def metric(self, name: str) -> float:
-        text = httpx.get(self.url + "/metrics", timeout=5).text
+        """The sum of the metric's samples (all label sets)."""
+        text = self.api.metrics()
         total = 0.0
         for line in text.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
@@ -136,36 +129,21 @@ class Publisher:
     """Publishes crafted MinIO-format events to the exchange, like MinIO does."""
 
     def __init__(self, amqp_url: str, exchange: str = "delvefs"):
-        self.conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
-        self.ch = self.conn.channel()
-        self.exchange = exchange
-        self.ch.exchange_declare(exchange, exchange_type="fanout", durable=True)
+        self.amqp = EventPublisher(amqp_url, exchange)
 
     def publish(self, name, bucket, key, seq, **kw) -> None:
         body, headers = make_message(name, bucket, key, seq, **kw)
         self.raw(body, headers)
 
     def raw(self, body: bytes, headers: dict | None = None) -> None:
-        self.ch.basic_publish(self.exchange, "", body, pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, headers=headers))
+        self.amqp.publish(body, headers)
 
     def queue_count(self, queue: str) -> int:
-        return self.ch.queue_declare(queue, durable=True, passive=True).method.message_count
+        return self.amqp.queue_count(queue)
 
     def delete_queue(self, *queues) -> None:
         """Delete handler queues and their dead-letter queues/exchanges."""
-        for q in queues:
-            for op in (lambda: self.ch.queue_delete(q), lambda: self.ch.queue_delete(q + ".dead"),
-                       lambda: self.ch.exchange_delete(q + ".dead")):
-                try:
-                    if self.ch.is_closed:
-                        self.ch = self.conn.channel()
-                    op()
-                except Exception:
-                    pass
+        self.amqp.delete_queues(*queues)
 
     def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:
-            pass
+        self.amqp.close()

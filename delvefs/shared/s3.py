@@ -512,6 +512,40 @@ def put_object_tags(client, bucket: str, key: str, tags: dict[str, str]) -> None
 
 # ---- used by the event handler (eventhandler/) ------------------------------------------
 
+class BucketReader:
+    """What the event handler's engine reads from S3: whole-bucket listings, an object's tags
+    and user metadata, the store's clock. The engine is given one (tests give it a fake of
+    these four methods); the boto3 client is made on first use, off the handler's start."""
+
+    def __init__(self, client_factory=make_client):
+        self._client_factory = client_factory
+        self._client = None
+        self._lock = threading.Lock()
+
+    @property
+    def client(self):
+        with self._lock:
+            if self._client is None:
+                self._client = self._client_factory()
+            return self._client
+
+    def list_pages(self, bucket: str):
+        """Yields (contents, http_date) per ListObjectsV2 page (see :func:`list_pages`)."""
+        return list_pages(self.client, bucket)
+
+    def tags(self, bucket: str, key: str) -> dict[str, str] | None:
+        """The object's tags; None when it is gone."""
+        return get_object_tags(self.client, bucket, key)
+
+    def metadata(self, bucket: str, key: str) -> dict[str, str] | None:
+        """The object's user metadata (HeadObject); None when it is gone."""
+        return head_object_metadata(self.client, bucket, key)
+
+    def store_date(self, bucket: str) -> str | None:
+        """The store's clock (see :func:`store_date`)."""
+        return store_date(self.client, bucket)
+
+
 def list_pages(client, bucket: str, page_size: int = 1000):
     """ListObjectsV2 of a whole bucket, page by page: yields (contents, http_date) where
     contents is the page's list of {"Key", "Size", "ETag", "LastModified"} dicts (keys in
@@ -551,3 +585,57 @@ def store_date(client, bucket: str) -> str | None:
     """The store's clock (HTTP Date header, whole seconds) from a cheap bucket request."""
     resp = client.list_objects_v2(Bucket=bucket, MaxKeys=0)
     return resp["ResponseMetadata"]["HTTPHeaders"].get("date")
+
+
+# ---- bucket checks of the FUSE client's mount (delvefs.client.s3async) ------------------
+
+def check_bucket_with_proof(url: str, *, attempts: int = 3, connect_timeout: float = 5,
+                            read_timeout: float = 60) -> None:
+    """GET a presigned ListObjectsV2 URL (:func:`presign_list_url`: max-keys=0, signed in
+    its query) without botocore: returns when the store answers 200 — the bucket exists
+    and the credentials that signed the URL may list it. Raises :class:`S3Error` when the
+    store refuses (not retried), or the last OSError / HTTPException when ``attempts``
+    tries could not reach it."""
+    url_parts = urllib.parse.urlsplit(url)
+    target = f"{url_parts.path}?{url_parts.query}"
+    context = None
+    if url_parts.scheme == "https":  # verified like botocore: AWS_CA_BUNDLE, else the system's CAs
+        context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+    error: BaseException | None = None
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            time.sleep(0.1 * 2 ** (attempt - 1))
+        if context is None:
+            conn = http.client.HTTPConnection(url_parts.hostname, url_parts.port, timeout=connect_timeout)
+        else:
+            conn = http.client.HTTPSConnection(url_parts.hostname, url_parts.port,
+                                               timeout=connect_timeout, context=context)
+        try:
+            conn.connect()
+            conn.sock.settimeout(read_timeout)
+            conn.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
+            conn.putheader("host", _canonical_host(url_parts))  # the Host the URL was signed for
+            conn.endheaders()
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            error = exc
+            continue
+        finally:
+            conn.close()
+        if resp.status == 200:
+            return
+        raise LeanClient._error("GET", resp.status, data)
+    raise error
+
+
+def check_bucket(client, bucket: str) -> None:
+    """HeadBucket with a boto3 client: returns when the bucket exists and the client may
+    read it. Raises :class:`S3Error` when the store refuses (a HEAD answer has no body:
+    the code is the HTTP status), else what botocore raises."""
+    from botocore.exceptions import ClientError
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        raise S3Error(error_code(exc) or str(status), status, str(exc)) from None

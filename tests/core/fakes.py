@@ -9,7 +9,7 @@ import errno
 import hashlib
 import itertools
 
-from delvefs.client.s3async import Changed, StoreError
+from delvefs.client.errors import Changed, StoreError
 from delvefs.client.handler_api import Resync
 
 

@@ -6,7 +6,7 @@ import errno
 import pytest
 import trio
 
-from delvefs.client.fs.core import FsError
+from delvefs.client.errors import FsError
 from delvefs.client.fs.inodes import ROOT_INODE, flat_key, flat_name
 
 from .conftest import view

@@ -8,7 +8,7 @@ import os
 import pytest
 import trio
 
-from delvefs.client.fs.core import FsError
+from delvefs.client.errors import FsError
 from delvefs.client.fs.inodes import relative_path
 
 from .conftest import view
@@ -359,7 +359,7 @@ async def test_journal_replay_after_restart(make_world):
     # SIGKILL: no unmount, no upload; the next mount of the same cache dir uploads
     w2 = w.restart()
     assert sorted(os.listdir(w2.cache.dir)) == sorted(
-        e.meta["file"] for e in w2.cache.recovered)   # clean entries dropped
+        r["file"] for r in w2.cache.recovered)   # clean entries dropped
     await w2.start()
     w2.fs.recover()
     assert sorted(await w2.names("v")) == ["clean", "dirty", "open"]

@@ -1,4 +1,4 @@
-"""The handler's engine on a real LevelDB with a fake S3 client (one layer): failed tag
+"""The handler's engine on a real LevelDB with a fake of its S3 reader: failed tag
 fetches are retried by a reconcile; listings read only the view's members (the membership
 index) and always equal a full read of the object records."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st_h
-from botocore.exceptions import ClientError
 
+from eventhandler import records
 from eventhandler import statedb as st
 from eventhandler.engine import Engine
 from eventhandler.events import make_message, parse_message
@@ -22,47 +22,53 @@ from tests.waiting import wait_until
 DATE = "Sat, 21 Nov 2026 06:00:00 GMT"
 
 
-class FakeS3:
-    """Just the calls the engine makes: ListObjectsV2, GetObjectTagging, HeadObject."""
+class S3Unavailable(Exception):
+    pass
+
+
+class FakeBucketReader:
+    """What the engine reads from S3 (delvefs.shared.s3.BucketReader): listings, tags, metadata."""
 
     def __init__(self):
         self.objects: dict[str, dict] = {}  # key -> {"Size", "ETag", "LastModified", "tags"}
-        self.tag_failures = 0  # the next n GetObjectTagging calls fail
-        self.list_failures = 0  # the next n ListObjectsV2 calls fail
+        self.tag_failures = 0  # the next n tag fetches fail
+        self.list_failures = 0  # the next n listing requests (pages or the clock probe) fail
         self.tag_calls = 0
         self.lock = threading.Lock()
 
-    def list_objects_v2(self, Bucket, MaxKeys=1000, **kw):
+    def _listing_request(self) -> None:
         if self.list_failures > 0:
             self.list_failures -= 1
-            raise ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "down"}}, "ListObjectsV2")
-        contents = [] if MaxKeys == 0 else [
-            {"Key": k, "Size": o["Size"], "ETag": f'"{o["ETag"]}"', "LastModified": o["LastModified"]}
-            for k, o in sorted(self.objects.items())]
-        return {"Contents": contents, "IsTruncated": False,
-                "ResponseMetadata": {"HTTPHeaders": {"date": DATE}}}
+            raise S3Unavailable("ServiceUnavailable: down")
 
-    def get_object_tagging(self, Bucket, Key):
+    def store_date(self, bucket):
+        self._listing_request()
+        return DATE
+
+    def list_pages(self, bucket):
+        self._listing_request()
+        yield [{"Key": k, "Size": o["Size"], "ETag": f'"{o["ETag"]}"', "LastModified": o["LastModified"]}
+               for k, o in sorted(self.objects.items())], DATE
+
+    def tags(self, bucket, key):
         with self.lock:
             self.tag_calls += 1
             if self.tag_failures > 0:
                 self.tag_failures -= 1
-                raise ClientError({"Error": {"Code": "SlowDown", "Message": "try later"}}, "GetObjectTagging")
-        if Key not in self.objects:
-            raise ClientError({"Error": {"Code": "NoSuchKey", "Message": "gone"}}, "GetObjectTagging")
-        return {"TagSet": [{"Key": k, "Value": v} for k, v in self.objects[Key]["tags"].items()]}
+                raise S3Unavailable("SlowDown: try later")
+        if key not in self.objects:
+            return None
+        return dict(self.objects[key]["tags"])
 
-    def head_object(self, Bucket, Key):
-        if Key not in self.objects:
-            raise ClientError({"Error": {"Code": "404", "Message": "gone"}}, "HeadObject")
-        return {"Metadata": {}}
+    def metadata(self, bucket, key):
+        return {} if key in self.objects else None
 
 
 @pytest.fixture
 def engine(tmp_path):
-    fake = FakeS3()
+    fake = FakeBucketReader()
     store = st.Store(str(tmp_path / "db"))
-    eng = Engine(store, Metrics(), s3_factory=lambda: fake, s3_workers=2, job_workers=1)
+    eng = Engine(store, Metrics(), s3=fake, s3_workers=2, job_workers=1)
     eng.start()
     eng.fake = fake
     yield eng
@@ -111,8 +117,9 @@ def test_reconcile_does_not_refetch_tags_under_way(engine):
     # a pending record whose fetch is (as far as the engine knows) still under way
     engine._tag_ticket[("b", "x")] = 1
     wb = engine.store.batch()
-    wb.put(st.k_obj("b", "x"), st.packb([5, 1, 1.0, "e", None, None, b"", b"", 0, st.TAGS_PENDING]))
-    wb.put(st.k_tagwait("b", "x"), st.packb(5))
+    wb.put(records.k_obj("b", "x"),
+           records.pack_object(records.new_object(5, 1, 1.0, "e", None, None, records.TAGS_PENDING)))
+    wb.put(records.k_tagwait("b", "x"), records.pack_tagwait(5))
     wb.write()
     assert engine._retry_failed_tags("b") == 0
 
@@ -127,8 +134,8 @@ def remove_event(key, seq):
 
 def brute_listing(eng, info):
     """A view's members by reading every object record (what the index must agree with)."""
-    return [{"key": k, "size": r[st.OBJ_SIZE], "mtime": r[st.OBJ_MTIME], "etag": r[st.OBJ_ETAG]}
-            for k, r in eng.store.iter_objects(info.bucket) if st.bits_has(r[st.OBJ_SLOTS], info.slot)]
+    return [{"key": k, "size": r[records.OBJ_SIZE], "mtime": r[records.OBJ_MTIME], "etag": r[records.OBJ_ETAG]}
+            for k, r in eng.store.iter_objects(info.bucket) if records.bits_has(r[records.OBJ_SLOTS], info.slot)]
 
 
 def paged_listing(eng, info, limit):
@@ -145,8 +152,8 @@ def assert_index_matches_records(eng, bucket="b"):
     """``m`` entries are exactly the objects with views, filed under their slots."""
     index = {(g, k): v for g in eng.store.member_groups(bucket)
              for k, v in eng.store.iter_members(bucket, [g])}
-    expected = {(r[st.OBJ_SLOTS], k): [r[st.OBJ_SIZE], r[st.OBJ_MTIME], r[st.OBJ_ETAG]]
-                for k, r in eng.store.iter_objects(bucket) if r[st.OBJ_SLOTS]}
+    expected = {(r[records.OBJ_SLOTS], k): [r[records.OBJ_SIZE], r[records.OBJ_MTIME], r[records.OBJ_ETAG]]
+                for k, r in eng.store.iter_objects(bucket) if r[records.OBJ_SLOTS]}
     assert index == expected
     assert set(eng.store.member_groups(bucket)) <= eng.buckets[bucket].groups
 
@@ -199,9 +206,9 @@ def test_listing_reads_only_the_views_members(engine):
 def test_listings_from_the_index_equal_a_full_read(tmp_path_factory, ops, limit):
     """Whatever sequence of creates, size changes, removes, new views and compactions:
     every view's paged listing equals the brute-force filter of the object records."""
-    fake = FakeS3()
+    fake = FakeBucketReader()
     store = st.Store(str(tmp_path_factory.mktemp("db") / "db"))
-    eng = Engine(store, Metrics(), s3_factory=lambda: fake, s3_workers=1, job_workers=1)
+    eng = Engine(store, Metrics(), s3=fake, s3_workers=1, job_workers=1)
     eng.start()
     try:
         more_views = iter([spec("b", object="runs/*"), spec("b", object="*", size=[0, 99]),
@@ -244,20 +251,20 @@ def test_compaction_removes_old_tombstones_and_raises_the_change_floor(engine):
     listed_at = engine.list_view(info, None, 100)["version"]
     engine.apply_events(event("s3:ObjectRemoved:Delete", "old", hour_ago + 10))
     engine.apply_events(event("s3:ObjectRemoved:Delete", "young", time.time_ns()))
-    delete_of_old = next(v for v, e in engine.store.iter_changes("b", 0) if e[st.CH_KEY] == "old")
+    delete_of_old = next(v for v, e in engine.store.iter_changes("b", 0) if e[records.CH_KEY] == "old")
     top = engine.buckets["b"].committed
     assert engine.change_floor(info) <= listed_at
 
     assert engine.compact("b", horizon=600) == 1        # only the tombstone older than 10 min
     assert engine.store.get_object("b", "old") is None
-    assert engine.store.get_object("b", "young")[st.OBJ_FLAGS] & st.DELETED
-    assert "old" not in [e[st.CH_KEY] for _v, e in engine.store.iter_changes("b", 0)]
+    assert engine.store.get_object("b", "young")[records.OBJ_FLAGS] & records.DELETED
+    assert "old" not in [e[records.CH_KEY] for _v, e in engine.store.iter_changes("b", 0)]
     # a client that had listed before the delete must list again; one past it need not
     assert engine.change_floor(info) == delete_of_old > listed_at
     assert engine.changes(info, top, 100)["changes"] == []
     assert keys(engine, info) == ["kept"]
     # the floor survives a restart (it is in the bucket record)
-    assert st.unpackb(engine.store.get_raw(st.k_bucket("b")))["purged"] == delete_of_old
+    assert records.unpack_bucket(engine.store.get_raw(records.k_bucket("b")))["purged"] == delete_of_old
     assert engine.compact("b", horizon=600) == 0        # idempotent
 
 
@@ -277,13 +284,12 @@ def test_a_purged_key_can_be_created_again(engine):
 
 def test_events_during_the_first_scan_are_held_in_leveldb_then_applied(engine):
     gate = threading.Event()
-    listing = engine.fake.list_objects_v2
+    listing = engine.fake.list_pages
 
-    def slow_listing(**kw):
-        if kw.get("MaxKeys", 1000):  # the listing itself, not the clock probe
-            assert gate.wait(10)
-        return listing(**kw)
-    engine.fake.list_objects_v2 = slow_listing
+    def slow_listing(bucket):  # the listing itself, not the clock probe
+        assert gate.wait(10)
+        return listing(bucket)
+    engine.fake.list_pages = slow_listing
     mtime = datetime(2026, 11, 21, 5, 0, 0, tzinfo=timezone.utc)
     engine.fake.objects["listed"] = {"Size": 1, "ETag": "l", "LastModified": mtime, "tags": {}}
     (out,) = engine.register([("all", spec("b", object="*"))])
@@ -319,9 +325,9 @@ def test_a_failed_write_in_a_background_job_stops_the_handler(tmp_path):
             raise plyvel.IOError("IO error: No space left on device")
 
     reasons = []
-    fake = FakeS3()
+    fake = FakeBucketReader()
     store = st.Store(str(tmp_path / "db"))
-    eng = Engine(store, Metrics(), s3_factory=lambda: fake, s3_workers=1, job_workers=1,
+    eng = Engine(store, Metrics(), s3=fake, s3_workers=1, job_workers=1,
                  on_storage_error=reasons.append)
     eng.start()
     try:

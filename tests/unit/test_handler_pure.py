@@ -1,4 +1,4 @@
-"""Pure pieces of the handler: MinIO event parsing, sequencer order, LevelDB key layout."""
+"""Pure pieces of the handler: MinIO event parsing, sequencer order, LevelDB key layout and records."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -6,6 +6,7 @@ from datetime import datetime
 import orjson
 import pytest
 
+from eventhandler import records
 from eventhandler import statedb as st
 from eventhandler.events import (CREATE, REMOVE, TAGGING, InvalidEvent, event_kind, make_message,
                                  message_bucket, parse_message, parse_sequencer, seq_newer)
@@ -82,17 +83,17 @@ def test_crafted_messages_round_trip():
 
 def test_key_layout():
     vid = "3f9c0e1d2a4b5c6d"
-    assert st.k_view(vid) == b"V" + bytes.fromhex(vid)
-    assert st.k_obj("b", "a/b") == b"ob\x00a/b"
-    assert st.split_obj_key(st.k_obj("bucket", "x\u00e9/y")) == ("bucket", "x\u00e9/y")
+    assert records.k_view(vid) == b"V" + bytes.fromhex(vid)
+    assert records.k_obj("b", "a/b") == b"ob\x00a/b"
+    assert records.split_obj_key(records.k_obj("bucket", "x\u00e9/y")) == ("bucket", "x\u00e9/y")
     # change-log keys sort numerically by version
     versions = [1, 255, 256, 2**40, 2**63]
-    assert sorted(st.k_change("b", v) for v in versions) == [st.k_change("b", v) for v in versions]
+    assert sorted(records.k_change("b", v) for v in versions) == [records.k_change("b", v) for v in versions]
     # a bucket's prefix never covers another bucket whose name extends it
-    assert not st.k_obj("ab", "x").startswith(st.obj_prefix("a"))
+    assert not records.k_obj("ab", "x").startswith(records.obj_prefix("a"))
     assert st._prefix_end(b"o\xff\xff") == b"p" and st._prefix_end(b"ab") == b"ac"
-    rec = st.new_object(5, 10, 1.5, "e", None, {})
-    assert st.unpackb(st.packb(rec)) == rec
+    rec = records.new_object(5, 10, 1.5, "e", None, {})
+    assert records.unpackb(records.packb(rec)) == rec
 
 
 def test_store_iterators(tmp_path):
@@ -100,10 +101,10 @@ def test_store_iterators(tmp_path):
     try:
         wb = s.batch()
         for key in ("a", "b", "c", "d"):
-            wb.put(st.k_obj("bk", key), st.packb(st.new_object(1, 1, 1.0, key, None, {})))
-        wb.put(st.k_obj("bk2", "a"), st.packb(st.new_object(1, 1, 1.0, "other", None, {})))
+            wb.put(records.k_obj("bk", key), records.packb(records.new_object(1, 1, 1.0, key, None, {})))
+        wb.put(records.k_obj("bk2", "a"), records.packb(records.new_object(1, 1, 1.0, "other", None, {})))
         for v in (3, 7, 9):
-            wb.put(st.k_change("bk", v), st.packb([f"k{v}", 0, [], [], 0, 0.0, ""]))
+            wb.put(records.k_change("bk", v), records.packb([f"k{v}", 0, [], [], 0, 0.0, ""]))
         s.write(wb)
         assert [k for k, _ in s.iter_objects("bk")] == ["a", "b", "c", "d"]
         assert [k for k, _ in s.iter_objects("bk", after="a", upto="c")] == ["b", "c"]
@@ -115,7 +116,7 @@ def test_store_iterators(tmp_path):
     with pytest.raises(RuntimeError):  # wrong schema is refused, not misread
         import plyvel
         db = plyvel.DB(str(tmp_path / "db"))
-        db.put(b"Sschema", st.packb(99))
+        db.put(b"Sschema", records.packb(99))
         db.close()
         st.Store(str(tmp_path / "db"))
 
@@ -130,9 +131,9 @@ def test_store_membership_index_groups_and_merge(tmp_path):
         wb = s.batch()
         for g, ks in groups.items():
             for key in ks:
-                wb.put(st.k_member("bk", g, key), st.packb([len(key), 1.0, key]))
-        wb.put(st.k_member("bk2", b"\x01", "zz"), st.packb([0, 0.0, "other"]))
-        wb.put(st.k_member("bj", b"\x01", "zz"), st.packb([0, 0.0, "other"]))
+                wb.put(records.k_member("bk", g, key), records.packb([len(key), 1.0, key]))
+        wb.put(records.k_member("bk2", b"\x01", "zz"), records.packb([0, 0.0, "other"]))
+        wb.put(records.k_member("bj", b"\x01", "zz"), records.packb([0, 0.0, "other"]))
         s.write(wb)
         assert sorted(s.member_groups("bk")) == sorted(groups)
         assert s.member_groups("bk2") == [b"\x01"]
@@ -155,17 +156,50 @@ def test_store_membership_index_groups_and_merge(tmp_path):
 def test_a_schema_1_state_gets_its_membership_index(tmp_path):
     import plyvel
     db = plyvel.DB(str(tmp_path / "db"), create_if_missing=True)
-    db.put(b"Sschema", st.packb(1))
+    db.put(b"Sschema", records.packb(1))
     for key, slots in (("in", b"\x05"), ("out", b""), ("also", b"\x01")):
-        rec = st.new_object(1, 7, 2.0, "e-" + key, None, {})
-        rec[st.OBJ_SLOTS] = slots
-        db.put(st.k_obj("bk", key), st.packb(rec))
+        rec = records.new_object(1, 7, 2.0, "e-" + key, None, {})
+        rec[records.OBJ_SLOTS] = slots
+        db.put(records.k_obj("bk", key), records.packb(rec))
     db.close()
     s = st.Store(str(tmp_path / "db"))
     try:
         assert sorted(s.member_groups("bk")) == [b"\x01", b"\x05"]
         assert list(s.iter_members("bk", [b"\x01", b"\x05"])) == [
             ("also", [7, 2.0, "e-also"]), ("in", [7, 2.0, "e-in"])]
-        assert st.unpackb(s.get_raw(b"Sschema")) == st.SCHEMA
+        assert records.unpackb(s.get_raw(b"Sschema")) == records.SCHEMA
     finally:
         s.close()
+
+
+def test_object_records_keep_their_membership_history():
+    from eventhandler.events import Event
+    prev = records.new_object(5, 10, 1.5, "e", {"t": "1"}, {})
+    prev[records.OBJ_SLOTS], prev[records.OBJ_EVER], prev[records.OBJ_LV] = b"\x01", b"\x03", 42
+    newer = records.new_version(prev, 6, 11, 2.5, "f", None, {"m": "x"}, records.TAGS_PENDING)
+    assert newer == [6, 11, 2.5, "f", None, {"m": "x"}, b"\x01", b"\x03", 42, records.TAGS_PENDING]
+    assert records.new_version(None, 6, 11, 2.5, "f", None, {}, 0) == records.new_object(6, 11, 2.5, "f", None, {})
+    gone = records.tombstone(7, prev)
+    assert records.is_deleted(gone) and not records.is_settled(gone) and records.seq_of(gone) == 7
+    assert gone[records.OBJ_SLOTS] == b"\x01" and records.change_version(gone) == 42
+    assert records.tombstone(7, None)[records.OBJ_EVER] == b""
+    pending = records.with_tags_pending(prev)
+    assert records.is_tags_pending(pending) and not records.is_tags_pending(prev)  # a copy
+    tagged = records.with_tags(pending, None, None)
+    assert tagged[records.OBJ_TAGS] == {} and tagged[records.OBJ_META] == {} and records.is_settled(tagged)
+    assert records.is_tags_pending(records.to_match_again(records.new_object(1, 1, 1.0, "e", None, None), True))
+    assert not records.is_tags_pending(records.to_match_again(prev, True))
+    # a change entry: put for the views in slots, delete for those only in ever
+    gone[records.OBJ_SLOTS] = b""
+    entry = records.unpackb(records.pack_change("k", gone))
+    assert records.change_key(entry) == "k" and entry[records.CH_DELETED] == 1
+    assert [records.change_view_op(entry, s) for s in range(3)] == ["delete", "delete", None]
+    entry = records.unpackb(records.pack_change("k", prev))
+    assert entry[records.CH_EVER] == b"\x03"  # differs from slots, so kept
+    assert [records.change_view_op(entry, s) for s in range(3)] == ["put", "delete", None]
+    assert records.change_object(entry) == {"key": "k", "size": 10, "mtime": 1.5, "etag": "e"}
+    ev = Event(0, "b", "k", 9, 3, "e", 1.0, {"m": "x"}, "s3:ObjectCreated:Put")
+    back = records.held_event("b", records.unpackb(records.pack_held(ev)))
+    assert [getattr(back, f) for f in Event.__slots__] == [getattr(ev, f) for f in Event.__slots__]
+    assert records.unpack_bucket(records.packb({"state": "ready", "version": 3})) == {
+        "state": "ready", "version": 3, "tags": False, "scanned": 0.0, "purged": 0}

@@ -1,0 +1,127 @@
+"""Names and attributes: lookup, getattr, access, forget, opendir/readdir, statfs.
+
+Lookups of names missing from a fresh listing are answered locally (negative entries,
+cached by the kernel for ``ttl`` and invalidated when the name appears). The lookup-count
+and readdir-offset rules are the inode table's (``delvefs.client.fs.inodes``).
+"""
+from __future__ import annotations
+
+import errno
+import os
+
+from ..errors import FsError, read_only
+from .inodes import Dir, Node, mode_of
+
+ROOT_TIMEOUT = 3600.0
+BLOCK = 4096
+
+
+class DirHandle:
+    __slots__ = ("node", "snapshot")
+
+    def __init__(self, node: Dir, snapshot: tuple):
+        self.node = node
+        self.snapshot = snapshot
+
+
+class Attributes:
+    """The name and attribute operations of :class:`delvefs.client.fs.core.FileSystem`."""
+
+    def _node(self, ino: int) -> Node:
+        node = self.table.get(ino)
+        if node is None:
+            raise FsError(errno.ENOENT, f"inode {ino} unknown")
+        return node
+
+    def timeout(self, node: Node) -> float:
+        vs = node.view if node.is_dir else node.parent.view
+        return ROOT_TIMEOUT if vs is None else vs.ttl
+
+    def stat(self, node: Node) -> tuple[int, int, int, int, float]:
+        """(mode, nlink, size, mtime_ns, cache timeout) of ``node``."""
+        vs = node.view if node.is_dir else node.parent.view
+        # a view's top directory is always u+w: ``delvefs watch`` sets user.delvefs.sync
+        # there (access(2) says it may); other writes there answer EROFS anyway
+        writable = True if vs is None or node is vs.top else vs.writable
+        if node.is_dir:
+            return mode_of(node, writable), 2, 0, node.mtime_ns, self.timeout(node)
+        return mode_of(node, writable), 1, node.size, node.mtime_ns, vs.ttl
+
+    async def lookup(self, parent_ino: int, name: str) -> Node | None:
+        """The child ``name`` (its lookup count + 1), or None: a negative entry."""
+        parent = self._node(parent_ino)
+        if not parent.is_dir:
+            raise FsError(errno.ENOTDIR)
+        if name == ".":
+            node = parent
+        elif name == "..":
+            node = parent.parent or parent
+        else:
+            await self._fresh_for(parent)
+            node = parent.children.get(name)
+            if node is None:
+                return None
+        self.table.ref(node)
+        return node
+
+    def forget(self, items) -> None:
+        for ino, n in items:
+            self.table.forget(ino, n)
+            if ino not in self.table.nodes:
+                self._served.pop(ino, None)
+                self._props.pop(ino, None)
+
+    async def getattr(self, ino: int) -> Node:
+        node = self._node(ino)
+        if not node.gone:
+            await self._fresh_for(node)
+        return node
+
+    def access(self, ino: int, mode: int) -> None:
+        """access(2) of the mount's user: the owner bits ``stat`` shows; write access
+        refused in a read-only view is EROFS (as the writes there), anything else EACCES."""
+        node = self._node(ino)
+        missing = mode & (os.R_OK | os.W_OK | os.X_OK) & ~(self.stat(node)[0] >> 6)
+        if missing:
+            vs = node.view if node.is_dir else node.parent.view
+            if missing == os.W_OK and vs is not None and not vs.writable:
+                raise read_only(vs.name)
+            raise FsError(errno.EACCES)
+
+    async def opendir(self, ino: int) -> int:
+        node = self._node(ino)
+        if not node.is_dir:
+            raise FsError(errno.ENOTDIR)
+        await self._fresh_for(node)
+        fh = next(self._fh)
+        self.dirs[fh] = DirHandle(node, node.snapshot())
+        return fh
+
+    async def readdir(self, fh: int, off: int, reply) -> None:
+        """Call ``reply(name, node, next_offset)`` for entries from ``off`` until it returns
+        False; every accepted entry gains a lookup (readdirplus)."""
+        h = self.dirs.get(fh)
+        if h is None:
+            raise FsError(errno.EBADF)
+        if off == 0:  # (re)wind: a fresh snapshot
+            await self._fresh_for(h.node)
+            h.snapshot = h.node.snapshot()
+        snap = h.snapshot
+        ref = self.table.ref
+        for i in range(off, len(snap)):
+            node = snap[i]
+            if node.gone:
+                continue
+            if not reply(node.name, node, i + 1):
+                break
+            ref(node)
+
+    def releasedir(self, fh: int) -> None:
+        self.dirs.pop(fh, None)
+
+    def statfs(self) -> dict:
+        files = 1 << 32
+        blocks = (1 << 50) // BLOCK  # 1 PiB: S3 has no meaningful capacity
+        return {"f_bsize": BLOCK, "f_frsize": BLOCK, "f_blocks": blocks, "f_bfree": blocks,
+                "f_bavail": blocks, "f_files": files, "f_ffree": files - len(self.table),
+                "f_favail": files - len(self.table), "f_namemax": 255}

@@ -1,0 +1,241 @@
+"""Edits of the directory tree: what the views show, changed without an await.
+
+Tree edits (``_put``, ``_delete``, sweeps) never await, so an operation never sees a
+half-applied change; a listing page or a batch of changes is applied in one go. Every
+change that the kernel may have cached is sent to the ``notifier`` (invalidate an entry /
+an inode); the adapter delivers those from a separate task, never from inside a request
+handler.
+
+Read your writes: after each local change the core applies it to every view of the
+bucket at once (``_local_put`` / ``_local_delete``) and records it in the view's
+``overlay`` (key -> :class:`Pending`). Changes from the handler (listing pages, deltas)
+for an overlay key are ignored until they confirm it — a put with the uploaded ETag, a
+delete — or until ``overlay_bound`` passes; a dirty file (``local``) always wins.
+"""
+from __future__ import annotations
+
+import trio
+
+from .inodes import ROOT_INODE, Dir, File, Node, key_path
+from .views import ViewState
+
+OVERLAY_BOUND = 120.0  # seconds a local change outranks the handler's view of it (at most)
+
+
+class Pending:
+    """One local change of a view not yet confirmed by the handler (the overlay).
+    ``local``: a dirty file (its local content wins until uploaded); ``put``: uploaded
+    with ``etag`` (retired when a change with that ETag arrives); ``delete``: gone
+    (retired when the handler reports the key gone)."""
+
+    __slots__ = ("kind", "etag", "deadline")
+
+    def __init__(self, kind: str, etag: str | None, deadline: float):
+        self.kind = kind
+        self.etag = etag
+        self.deadline = deadline
+
+
+class Tree:
+    """The tree edits of :class:`delvefs.client.fs.core.FileSystem` (never await)."""
+
+    def _known(self, d: Dir) -> bool:
+        return d.nlookup > 0 or d.ino == ROOT_INODE
+
+    def _path(self, vs: ViewState, key: str) -> tuple[list[str], str] | None:
+        """(directory segments, file name) of ``key`` in ``vs``, None when not shown."""
+        rel = key_path(vs.root, vs.flat, key)
+        if rel is None:
+            return None
+        if vs.flat:
+            return [], rel
+        parts = rel.split("/")
+        name = parts.pop()
+        return parts, name
+
+    def _stale(self, vs: ViewState, key: str, obj: dict | None) -> bool:
+        """True when the handler's change (``obj`` for a put, None for a delete) of ``key``
+        must not undo a local change in the overlay; retires the overlay entry when the
+        change confirms it (same ETag / gone) or when it is older than the bound."""
+        p = vs.overlay.get(key)
+        if p is None:
+            return False
+        if p.kind == "local":
+            return True
+        if p.deadline <= trio.current_time():
+            del vs.overlay[key]
+            return False
+        if p.kind == "put":
+            if obj is not None and str(obj.get("etag", "")) == p.etag:
+                del vs.overlay[key]
+                return False
+            return True
+        if obj is None:  # delete confirmed
+            del vs.overlay[key]
+            return False
+        return True
+
+    def _put(self, vs: ViewState, obj: dict, *, notify: bool, remote: bool = True,
+             written: bool = False) -> File | None:
+        """Show ``obj`` in ``vs`` (``notify``: tell the kernel of a new name; ``written``: the
+        kernel holds this very content, written through the file: no inode invalidation)."""
+        if remote and vs.overlay and self._stale(vs, obj["key"], obj):
+            return None
+        path = self._path(vs, obj["key"])
+        if path is None:
+            return None
+        dirs, name = path
+        mtime_ns = int(obj.get("mtime", 0) * 1e9)
+        table = self.table
+        parent = vs.top
+        for seg in dirs:
+            child = parent.children.get(seg)
+            if child is None or not child.is_dir:
+                shadowed = child
+                if shadowed is not None:  # a directory hides a file of the same name
+                    table.detach(shadowed)
+                child = table.new_dir(parent, seg, vs, parent.prefix + seg + "/", mtime_ns)
+                if shadowed is not None:
+                    child.shadow = shadowed
+                    if shadowed.nlookup:
+                        self.notifier.inode(shadowed.ino)
+                if notify and self._known(parent):
+                    self.notifier.entry(parent.ino, seg)
+            parent = child
+        if name == "":
+            return None  # folder marker: its directories only
+        if self.local_dirs:  # a file landed: mkdir'ed directories above it are ordinary now
+            d = parent
+            while d is not None and d.view is vs:
+                self.local_dirs.discard(d.ino)
+                d = d.parent
+        size, etag = int(obj.get("size", 0)), str(obj.get("etag", ""))
+        existing = parent.children.get(name)
+        if existing is None:
+            f = table.new_file(parent, name, size, mtime_ns, etag)
+            if notify and self._known(parent):
+                self.notifier.entry(parent.ino, name)
+            return f
+        elif existing.is_dir:
+            sh = existing.shadow
+            if sh is None:
+                existing.shadow = File(table.new_ino(), name, parent, size, mtime_ns, etag)
+                existing.shadow.gone = True
+            else:
+                sh.size, sh.mtime_ns, sh.etag = size, mtime_ns, etag
+            return None
+        elif existing.etag != etag or existing.size != size or existing.mtime_ns != mtime_ns:
+            existing.size, existing.mtime_ns, existing.etag = size, mtime_ns, etag
+            self._served.pop(existing.ino, None)  # the next open drops the kernel's pages
+            if existing.nlookup and not written:
+                self.notifier.inode(existing.ino)
+        return existing
+
+    def _delete(self, vs: ViewState, key: str, *, remote: bool = True, notify: bool = True) -> None:
+        if remote and vs.overlay and self._stale(vs, key, None):
+            return
+        path = self._path(vs, key)
+        if path is None:
+            return
+        dirs, name = path
+        if name == "":
+            return
+        parent = vs.top
+        for seg in dirs:
+            parent = parent.children.get(seg)
+            if parent is None or not parent.is_dir:
+                return
+        node = parent.children.get(name)
+        if node is None:
+            return
+        if node.is_dir:
+            node.shadow = None
+            return
+        self._remove(node, notify)
+
+    def _remove(self, node: File, notify: bool = True) -> None:
+        parent = node.parent
+        self.table.detach(node)
+        if notify and self._known(parent):
+            self.notifier.entry(parent.ino, node.name)
+        self.cache.forget(parent.view.bucket, node.key)
+        self._prune(parent)
+
+    def _prune(self, d: Dir) -> None:
+        """Remove empty virtual directories upward (a view's top always stays)."""
+        while d.parent is not None and d.parent.ino != ROOT_INODE and not d.children \
+                and d.ino not in self.local_dirs:
+            parent = d.parent
+            self.table.detach(d)
+            if d.shadow is not None:  # the hidden file of the same name shows again
+                d.shadow.gone = False
+                parent.children[d.name] = d.shadow
+                parent.changed()
+            if self._known(parent):
+                self.notifier.entry(parent.ino, d.name)
+            d = parent
+
+    def _sweep(self, vs: ViewState, seen: set[str]) -> None:
+        """After a relist: remove files whose keys the listing did not contain."""
+        stack = [vs.top]
+        doomed = []
+        while stack:
+            d = stack.pop()
+            for child in d.children.values():
+                if child.is_dir:
+                    stack.append(child)
+                    if child.shadow is not None and child.shadow.key not in seen:
+                        child.shadow = None
+                elif child.key not in seen:
+                    doomed.append(child)
+        for f in doomed:
+            if not f.gone:
+                self._remove(f)
+
+    def _find(self, vs: ViewState, key: str) -> Node | None:
+        path = self._path(vs, key)
+        if path is None:
+            return None
+        d = vs.top
+        for seg in path[0]:
+            d = d.children.get(seg)
+            if d is None or not d.is_dir:
+                return None
+        return d.children.get(path[1]) if path[1] else d
+
+    def _local_put(self, bucket: str, key: str, obj: dict, tags: dict, *,
+                   keep_local: bool = False, quiet: ViewState | None = None) -> None:
+        """Show an object this mount just wrote/copied/retagged in every view of ``bucket``
+        it matches (and remove it from those it no longer matches), at once."""
+        deadline = trio.current_time() + self.overlay_bound
+        for vs in self.views:
+            if vs.bucket != bucket:
+                continue
+            p = vs.overlay.get(key)
+            if keep_local and p is not None and p.kind == "local":
+                continue
+            if self.can_match(vs, key, obj["size"], tags):
+                vs.overlay[key] = Pending("put", obj["etag"], deadline)
+                # ``quiet``: the view written through; the kernel knows that file already
+                self._put(vs, obj, notify=vs is not quiet, remote=False, written=vs is quiet)
+            else:
+                present = self._find(vs, key) is not None
+                vs.overlay.pop(key, None)
+                self._delete(vs, key, remote=False)
+                if present or p is not None:
+                    vs.overlay[key] = Pending("delete", None, deadline)
+
+    def _local_delete(self, bucket: str, key: str, also: ViewState | None = None,
+                      quiet: bool = False) -> None:
+        """This mount deleted (or moved away) ``key``: gone from every view at once
+        (``quiet``: the kernel removed the entry of ``also`` itself)."""
+        deadline = trio.current_time() + self.overlay_bound
+        for vs in self.views:
+            if vs.bucket != bucket:
+                continue
+            p = vs.overlay.pop(key, None)
+            node = self._find(vs, key)
+            if node is not None and not node.is_dir:
+                self._delete(vs, key, remote=False, notify=not (quiet and vs is also))
+            if node is not None or p is not None or vs is also:
+                vs.overlay[key] = Pending("delete", None, deadline)

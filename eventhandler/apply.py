@@ -1,0 +1,199 @@
+"""The event path (hot, measured by benchmarks/bench_handler_profile.py): applying a batch of
+events, and ``_finalize``, through which every writer (events, tag results, scans, time
+flips) matches, diffs and commits object records in one WriteBatch.
+
+Records are lists read through the ``OBJ_*`` constants here: the inner loops run per event,
+and a list index is cheaper than any accessor (see records.py)."""
+from __future__ import annotations
+
+import time
+
+from .events import REMOVE, TAGGING, Event
+from .records import (DELETED, OBJ_EVER, OBJ_FLAGS, OBJ_LV, OBJ_META, OBJ_SEQ, OBJ_SLOTS,
+                      TAGS_PENDING, UNSETTLED, bits_of, bits_union, change_prefix, k_bucket,
+                      k_held, k_member, k_obj, k_tagwait, listed_fields_differ, new_version,
+                      object_info, pack_change, pack_held, pack_member, pack_object, pack_tagwait,
+                      pack_version, tombstone, with_tags_pending)
+from .tracking import READY
+
+CACHE_RECORDS = 200_000
+_MISSING = object()
+
+
+class EventApplier:
+    """Part of ``Engine`` (a mixin): call with ``Engine.lock`` held, except ``apply_events``,
+    which takes it."""
+
+    def apply_events(self, events: list[Event]) -> None:
+        """Apply a batch of parsed events in one WriteBatch (call with events in delivery order)."""
+        with self.lock:
+            self._apply_locked(events)
+
+    def _apply_locked(self, events: list[Event], replay: bool = False, extra=None) -> None:
+        """``replay``: events held during a scan, applied now although the bucket is not
+        ready yet; ``extra(wb)`` adds writes to the batch."""
+        buckets = self.buckets
+        held = None
+        nheld = 0
+        cache = self._cache
+        get = self.store.get_object
+        tag_buckets = self.tag_buckets
+        work: dict = {}
+        dropped = stale = 0
+        applied_seqs = []
+        for ev in events:
+            bs = buckets.get(ev.bucket)
+            if bs is None:
+                dropped += 1
+                continue
+            if bs.state != READY and not replay:
+                if held is None:
+                    held = self.store.batch()
+                bs.held += 1
+                held.put(k_held(ev.bucket, bs.held), pack_held(ev))
+                nheld += 1
+                continue
+            k = (ev.bucket, ev.key)
+            w = work.get(k)
+            if w is None:
+                old = cache.get(k, _MISSING)
+                if old is _MISSING:
+                    old = get(ev.bucket, ev.key)
+                w = work[k] = [old, old]
+            cur = w[1]
+            kind = ev.kind
+            seq = ev.seq
+            if kind == REMOVE:
+                if cur is not None and seq <= cur[OBJ_SEQ]:
+                    stale += 1
+                    continue
+                w[1] = tombstone(seq, cur)
+            elif cur is not None and seq <= cur[OBJ_SEQ]:
+                if seq == cur[OBJ_SEQ] and kind == TAGGING and ev.bucket in tag_buckets \
+                        and not cur[OBJ_FLAGS] & DELETED:
+                    w[1] = with_tags_pending(cur)
+                else:
+                    stale += 1
+                    continue
+            else:  # a newer version (a create, or tagging of a version we never saw)
+                w[1] = new_version(cur, seq, ev.size, ev.mtime, ev.etag, None, ev.metadata,
+                                     TAGS_PENDING if ev.bucket in tag_buckets else 0)
+            if kind != TAGGING:
+                applied_seqs.append(seq)
+        if held is not None:
+            held.write()
+        m = self.metrics
+        if dropped:
+            m.dropped.inc(dropped)
+        if stale:
+            m.stale.inc(stale)
+        if work or extra:
+            self._finalize(work, extra=extra)
+            m.processed.inc(len(events) - dropped - nheld)
+            now = time.time()
+            m.latency.observe_many([now - s / 1e9 for s in applied_seqs if 10**18 <= s <= 4 * 10**18])
+
+    def _finalize(self, work: dict, log_changes: bool = True, now: float | None = None,
+                  extra=None) -> None:
+        """Match, diff and write the records in ``work`` ({(bucket,key): [old, new]}; entries
+        with new is old are unchanged) in one WriteBatch; then publish versions and notify."""
+        now = time.time() if now is None else now
+        todo = [(bk, w[0], w[1]) for bk, w in work.items() if w[1] is not w[0]]
+        if not todo and not extra:
+            return
+        matcher = self.matcher
+        to_match = []
+        objs = []
+        for i, (bk, _old, new) in enumerate(todo):
+            if not new[OBJ_FLAGS] & UNSETTLED:
+                to_match.append(i)
+                objs.append(object_info(bk[0], bk[1], new))
+        results = dict(zip(to_match, matcher.match_batch(objs, now))) if objs else {}
+        time_buckets = self.time_buckets
+        flips = []
+        wb = self.store.batch()
+        put, delete = wb.put, wb.delete
+        touched: set[str] = set()
+        buckets = self.buckets
+        cprefixes: dict = {}
+        new_groups = []
+        memo = self._bits_memo
+        for i, ((bucket, key), old, new) in enumerate(todo):
+            flags = new[OBJ_FLAGS]
+            old_slots = old[OBJ_SLOTS] if old is not None else b""
+            if flags & DELETED:
+                slots = b""
+            elif flags & TAGS_PENDING:
+                slots = old_slots
+            else:
+                res = results[i]
+                t = tuple(res)
+                slots = memo.get(t)
+                if slots is None:
+                    if len(memo) > 4096:
+                        memo.clear()
+                    slots = memo[t] = bits_of(res)
+                if time_buckets and bucket in time_buckets:
+                    flips.append((bucket, key, i))
+            new[OBJ_SLOTS] = slots
+            ever = new[OBJ_EVER]
+            if slots != old_slots and slots != ever:
+                ever = new[OBJ_EVER] = bits_union(ever, slots)
+            if log_changes:
+                old_deleted = old is None or old[OBJ_FLAGS] & DELETED
+                deleted = flags & DELETED
+                if slots != old_slots or (slots and (old_deleted or listed_fields_differ(old, new))) \
+                        or (deleted and not old_deleted and ever):
+                    bs = buckets[bucket]
+                    v = bs.version = bs.version + 1
+                    touched.add(bucket)
+                    cprefix = cprefixes.get(bucket)
+                    if cprefix is None:
+                        cprefix = cprefixes[bucket] = change_prefix(bucket)
+                    put(cprefix + pack_version(v), pack_change(key, new))
+                    if new[OBJ_LV]:
+                        delete(cprefix + pack_version(new[OBJ_LV]))
+                    new[OBJ_LV] = v
+            # the membership index follows slots, size, mtime and etag (records.py)
+            if slots != old_slots:
+                if old_slots:
+                    delete(k_member(bucket, old_slots, key))
+                if slots and slots not in buckets[bucket].groups:
+                    new_groups.append((bucket, slots))
+            if slots and (slots != old_slots or listed_fields_differ(old, new)):
+                put(k_member(bucket, slots, key), pack_member(new))
+            put(k_obj(bucket, key), pack_object(new))
+            if flags & TAGS_PENDING:
+                put(k_tagwait(bucket, key), pack_tagwait(new[OBJ_SEQ]))
+            elif old is not None and old[OBJ_FLAGS] & TAGS_PENDING:
+                delete(k_tagwait(bucket, key))
+        if extra:
+            extra(wb)
+        for b in touched:
+            put(k_bucket(b), buckets[b].record())
+        # groups before the write: a listing that reads the new version (taken before its
+        # groups) must find the new group; an empty one only costs it a seek
+        for b, g in new_groups:
+            buckets[b].groups = buckets[b].groups | {g}
+        try:
+            wb.write()
+        except BaseException:
+            for b in touched:
+                buckets[b].version = buckets[b].committed
+            self._cache.clear()
+            raise
+        for b in touched:
+            buckets[b].committed = buckets[b].version
+        cache = self._cache
+        if len(cache) + len(todo) > CACHE_RECORDS:
+            cache.clear()
+        for bk, _old, new in todo:  # records are never mutated once written
+            cache[bk] = new
+        # after the commit: tag fetches, time flips, wake-ups
+        for (bucket, key), old, new in todo:
+            if new[OBJ_FLAGS] & TAGS_PENDING:
+                self._fetch_tags(bucket, key, new[OBJ_SEQ], need_meta=new[OBJ_META] is None)
+        if flips:
+            self._schedule_flips([(b, k, todo[i][2]) for b, k, i in flips], now)
+        if touched:
+            self._notify(touched)
