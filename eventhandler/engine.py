@@ -131,7 +131,9 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         self.matcher = compile_views(self.views)
         self.tracked = frozenset(self.buckets)
         self.time_buckets = frozenset(v.bucket for v in self.views if v.is_time_dependent)
-        self.tag_buckets = frozenset(b for b in self.buckets if self.matcher.needs_tags(b))
+        # a listing carries neither tags nor metadata: both are fetched where a view reads either
+        self.tag_buckets = frozenset(b for b in self.buckets
+                                     if self.matcher.needs_tags(b) or self.matcher.needs_metadata(b))
 
     def start(self) -> None:
         """Start the background threads and resume unfinished work (scans, rematches, tags)."""

@@ -58,7 +58,7 @@ def bucket_base_version() -> int:
     return int(time.time() * 1e6)
 
 
-_GLOB_CHARS = frozenset("*?[\\")
+_GLOB_CHARS = frozenset("*?[{\\")
 
 
 def bucket_is_glob(bucket: str) -> bool:

@@ -4,8 +4,10 @@
  *   [...]  one character from a class; ranges a-z; '!' first negates;
  *          a ']' right after '[' or '[!' is literal; an unclosed '[' is literal
  *   \x     the character x literally
- * Everything else is literal ('.' and '+' have no special meaning).
- * The Python reference implementation in rulesets/globs.py must agree. */
+ * Everything else is literal ('.' and '+' have no special meaning), '{', '}' and ',' too:
+ * brace alternatives are expanded into several patterns before they get here
+ * (rulesets.globs.expand_braces). The Python reference implementation in
+ * rulesets/globs.py (brace_free_match) must agree. */
 #ifndef DELVEFS_GLOB_H
 #define DELVEFS_GLOB_H
 #include <stddef.h>

@@ -21,8 +21,8 @@ typedef struct {
 } key_index;
 
 struct dfs_group {
-    size_t nviews;
-    int uses_properties;
+    size_t nentries;             /* index entries: a view has one per index key */
+    int reads;
     key_index prefix, suffix;
 };
 
@@ -138,27 +138,36 @@ static void index_free(key_index *ix)
     free(ix->keys);
 }
 
+static int glob_matches(const dfs_glob *glob, dfs_str text)
+{
+    for (size_t i = 0; i < glob->n; i++)
+        if (dfs_glob_match(glob->patterns[i].s, glob->patterns[i].n, text.s, text.n)) return 1;
+    return 0;
+}
+
 dfs_group *dfs_group_build(const dfs_view *views, size_t nviews, const char *bucket, size_t blen)
 {
+    size_t nkeys = 0;
+    for (size_t i = 0; i < nviews; i++) nkeys += views[i].n_index_keys;
     dfs_group *g = calloc(1, sizeof *g);
-    keyed_view *by_prefix = malloc((nviews ? nviews : 1) * sizeof *by_prefix);
-    keyed_view *by_suffix = malloc((nviews ? nviews : 1) * sizeof *by_suffix);
+    keyed_view *by_prefix = malloc((nkeys ? nkeys : 1) * sizeof *by_prefix);
+    keyed_view *by_suffix = malloc((nkeys ? nkeys : 1) * sizeof *by_suffix);
     size_t np = 0, ns = 0;
     if (!g || !by_prefix || !by_suffix) goto fail;
     for (size_t i = 0; i < nviews; i++) {
         const dfs_view *v = &views[i];
         int accepts = v->bucket_is_glob
-            ? dfs_glob_match(v->bucket.s, v->bucket.n, bucket, blen)
-            : (v->bucket.n == blen && memcmp(v->bucket.s, bucket, blen) == 0);
+            ? glob_matches(&v->bucket, (dfs_str){bucket, blen})
+            : (v->bucket.n == 1 && v->bucket.patterns[0].n == blen
+               && memcmp(v->bucket.patterns[0].s, bucket, blen) == 0);
         if (!accepts) continue;
-        if (v->nprops) g->uses_properties = 1;
-        /* file each view under its more selective literal end */
-        if (v->index_suffix.n > v->index_prefix.n)
-            by_suffix[ns++] = (keyed_view){v->index_suffix, i};
-        else
-            by_prefix[np++] = (keyed_view){v->index_prefix, i};
+        g->reads |= v->reads;
+        for (size_t k = 0; k < v->n_index_keys; k++) {
+            if (v->index_by_suffix) by_suffix[ns++] = (keyed_view){v->index_keys[k], i};
+            else by_prefix[np++] = (keyed_view){v->index_keys[k], i};
+        }
     }
-    g->nviews = np + ns;
+    g->nentries = np + ns;
     if (index_build(&g->prefix, by_prefix, np, 0) || index_build(&g->suffix, by_suffix, ns, 1))
         goto fail;
     free(by_prefix);
@@ -179,15 +188,112 @@ void dfs_group_free(dfs_group *g)
     free(g);
 }
 
-int dfs_group_uses_properties(const dfs_group *g)
+int dfs_group_reads(const dfs_group *g)
 {
-    return g->uses_properties;
+    return g->reads;
 }
 
 size_t dfs_group_size(const dfs_group *g)
 {
-    return g->nviews;
+    return g->nentries;
 }
+
+static int block_reads(const dfs_block *b)
+{
+    int reads = 0;
+    for (size_t r = 0; r < b->nprops; r++) reads |= b->props[r].sources;
+    return reads;
+}
+
+void dfs_view_summarise(dfs_view *v)
+{
+    v->reads = block_reads(&v->rules);
+    v->time_dependent = v->rules.modified.kind == DFS_TIME_AGE;
+    for (size_t i = 0; i < v->n_any_of; i++) {
+        v->reads |= block_reads(&v->any_of[i]);
+        v->time_dependent |= v->any_of[i].modified.kind == DFS_TIME_AGE;
+    }
+    for (size_t i = 0; i < v->n_none_of; i++) {
+        v->reads |= block_reads(&v->none_of[i]);
+        v->time_dependent |= v->none_of[i].modified.kind == DFS_TIME_AGE;
+    }
+}
+
+/* ---- decimal numbers ---- */
+
+/* Exponents of values saturate here; bounds have at most 4 exponent digits (rulesets
+ * refuses more), so every value still orders exactly against them. */
+#define EXPONENT_CAP 1000000000000000LL
+
+static inline int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+int dfs_decimal_parse(const char *s, size_t n, dfs_decimal *out)
+{
+    size_t i = 0, whole = 0, fraction = 0;
+    int negative = 0;
+    if (i < n && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+    const char *mantissa = s + i;
+    while (i < n && is_digit(s[i])) { i++; whole++; }
+    if (i < n && s[i] == '.') {
+        i++;
+        while (i < n && is_digit(s[i])) { i++; fraction++; }
+    }
+    if (whole + fraction == 0) return 0;
+    const char *mantissa_end = s + i;
+    int64_t exponent = 0;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        int exponent_negative = 0;
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) exponent_negative = s[i++] == '-';
+        if (i == n || !is_digit(s[i])) return 0;
+        for (; i < n && is_digit(s[i]); i++)
+            if (exponent < EXPONENT_CAP) exponent = exponent * 10 + (s[i] - '0');
+        if (exponent_negative) exponent = -exponent;
+    }
+    if (i != n) return 0;
+    const char *first = mantissa;
+    int64_t leading_zeros = 0;
+    while (first < mantissa_end && (*first == '0' || *first == '.')) leading_zeros += *first++ == '0';
+    if (first == mantissa_end) {
+        *out = (dfs_decimal){0, 0, first, first};
+        return 1;
+    }
+    const char *last = mantissa_end;
+    while (last[-1] == '0' || last[-1] == '.') last--;   /* stops at the first digit at the latest */
+    *out = (dfs_decimal){negative ? -1 : 1, (int64_t)whole - leading_zeros + exponent, first, last};
+    return 1;
+}
+
+/* Compares 0.DIGITS of a and b. */
+static int compare_digits(const dfs_decimal *a, const dfs_decimal *b)
+{
+    const char *p = a->digits, *q = b->digits;
+    for (;;) {
+        if (p < a->digits_end && *p == '.') p++;
+        if (q < b->digits_end && *q == '.') q++;
+        int a_done = p == a->digits_end, b_done = q == b->digits_end;
+        if (a_done || b_done) return a_done == b_done ? 0 : (a_done ? -1 : 1);
+        if (*p != *q) return *p < *q ? -1 : 1;
+        p++;
+        q++;
+    }
+}
+
+int dfs_decimal_compare(const dfs_decimal *a, const dfs_decimal *b)
+{
+    if (a->sign != b->sign) return a->sign < b->sign ? -1 : 1;
+    if (a->sign == 0) return 0;
+    int magnitude = a->exponent != b->exponent ? (a->exponent < b->exponent ? -1 : 1) : compare_digits(a, b);
+    return magnitude * a->sign;
+}
+
+/* ---- three-valued evaluation ---- */
+
+enum { NO = 0, YES = 1, MAYBE = 2 };
+enum { KNOWN = 0, TAGS_UNKNOWN = 1, AGES_UNKNOWN = 2 };
 
 static int time_contains(const dfs_time_rule *r, double value)
 {
@@ -196,43 +302,84 @@ static int time_contains(const dfs_time_rule *r, double value)
     return 1;
 }
 
-static int props_match(const dfs_view *v, const dfs_object *obj)
+static int value_accepts(const dfs_value *v, dfs_str text)
 {
-    for (size_t r = 0; r < v->nprops; r++) {
-        const dfs_prop_rule *rule = &v->props[r];
-        int present = 0, accepted = 0, absent_ok = 0;
-        for (size_t k = 0; k < rule->nvalues; k++)
-            if (!rule->values[k].s) absent_ok = 1;
-        for (size_t p = 0; p < obj->nprops && !accepted; p++) {
-            const dfs_prop *prop = &obj->props[p];
-            if (prop->key.n != rule->key.n || memcmp(prop->key.s, rule->key.s, rule->key.n) != 0)
-                continue;
-            present = 1;
-            for (size_t k = 0; k < rule->nvalues && !accepted; k++) {
-                const dfs_str *pat = &rule->values[k];
-                accepted = pat->s && dfs_glob_match(pat->s, pat->n, prop->value.s, prop->value.n);
-            }
-        }
-        if (present ? !accepted : !absent_ok) return 0;
+    if (v->kind == DFS_VALUE_GLOB) return glob_matches(&v->glob, text);
+    if (v->kind != DFS_VALUE_NUMBER) return 0;
+    dfs_decimal number;
+    if (!dfs_decimal_parse(text.s, text.n, &number)) return 0;   /* not a number: no comparison holds */
+    if (v->has_lo) {
+        int order = dfs_decimal_compare(&number, &v->lo);
+        if (order < 0 || (order == 0 && v->lo_open)) return 0;
+    }
+    if (v->has_hi) {
+        int order = dfs_decimal_compare(&number, &v->hi);
+        if (order > 0 || (order == 0 && v->hi_open)) return 0;
     }
     return 1;
 }
 
-/* Every rule except relative ages (bucket is the group's business). */
-static int static_match(const dfs_view *v, const dfs_object *obj)
+/* Some value of the key (in the rule's sources) is accepted, or the key is absent and
+ * absence is accepted. With the tags unknown (the object has none), a rule that reads
+ * them is decided only by an accepted metadata value, or by a present key when nothing
+ * but absence is accepted. */
+static int prop_rule_value(const dfs_prop_rule *rule, const dfs_object *obj, int unknown)
 {
-    if (obj->size < v->size_lo || obj->size > v->size_hi) return 0;
-    if (v->modified.kind == DFS_TIME_STAMP && !time_contains(&v->modified, obj->mtime)) return 0;
-    if (v->accessed.kind == DFS_TIME_STAMP && !time_contains(&v->accessed, obj->atime)) return 0;
-    if (v->has_object && !dfs_glob_match(v->object.s, v->object.n, obj->key.s, obj->key.n)) return 0;
-    return props_match(v, obj);
+    int present = 0;
+    for (size_t p = 0; p < obj->nprops; p++) {
+        const dfs_prop *prop = &obj->props[p];
+        if (!(prop->source & rule->sources) || prop->key.n != rule->key.n
+            || memcmp(prop->key.s, rule->key.s, rule->key.n) != 0)
+            continue;
+        present = 1;
+        for (size_t k = 0; k < rule->nvalues; k++)
+            if (value_accepts(&rule->values[k], prop->value)) return YES;
+    }
+    if ((unknown & TAGS_UNKNOWN) && (rule->sources & DFS_FROM_TAGS))
+        return present && !rule->has_patterns ? NO : MAYBE;
+    if (present) return NO;
+    return rule->absent_ok ? YES : NO;
 }
 
-static int view_matches(const dfs_view *v, const dfs_object *obj, double now)
+static int block_value(const dfs_block *b, const dfs_object *obj, double now, int unknown)
 {
-    if (v->modified.kind == DFS_TIME_AGE && !time_contains(&v->modified, now - obj->mtime)) return 0;
-    if (v->accessed.kind == DFS_TIME_AGE && !time_contains(&v->accessed, now - obj->atime)) return 0;
-    return static_match(v, obj);
+    int result = YES;
+    if (obj->size < b->size_lo || obj->size > b->size_hi) return NO;
+    if (b->modified.kind == DFS_TIME_STAMP) {
+        if (!time_contains(&b->modified, obj->mtime)) return NO;
+    } else if (b->modified.kind == DFS_TIME_AGE) {
+        if (unknown & AGES_UNKNOWN) result = MAYBE;
+        else if (!time_contains(&b->modified, now - obj->mtime)) return NO;
+    }
+    if (b->has_object && !glob_matches(&b->object, obj->key)) return NO;
+    for (size_t r = 0; r < b->nprops; r++) {
+        int value = prop_rule_value(&b->props[r], obj, unknown);
+        if (value == NO) return NO;
+        if (value == MAYBE) result = MAYBE;
+    }
+    return result;
+}
+
+/* The view's answer; its bucket is the group's business. */
+static int view_value(const dfs_view *v, const dfs_object *obj, double now, int unknown)
+{
+    int result = block_value(&v->rules, obj, now, unknown);
+    if (result == NO) return NO;
+    if (v->n_any_of) {
+        int any = NO;
+        for (size_t i = 0; i < v->n_any_of && any != YES; i++) {
+            int value = block_value(&v->any_of[i], obj, now, unknown);
+            if (value != NO) any = value;
+        }
+        if (any == NO) return NO;
+        if (any == MAYBE) result = MAYBE;
+    }
+    for (size_t i = 0; i < v->n_none_of; i++) {
+        int value = block_value(&v->none_of[i], obj, now, unknown);
+        if (value == YES) return NO;
+        if (value == MAYBE) result = MAYBE;
+    }
+    return result;
 }
 
 static size_t candidates(const dfs_group *g, const dfs_object *obj, size_t *out)
@@ -241,10 +388,33 @@ static size_t candidates(const dfs_group *g, const dfs_object *obj, size_t *out)
     return index_candidates(&g->suffix, obj->key, out, n);
 }
 
+/* Drops repeats from ascending ids: a view whose index keys nest (rulesets never compiles
+ * such) would be found once per key. */
+static size_t unique_ids(size_t *ids, size_t n)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (kept == 0 || ids[kept - 1] != ids[i]) ids[kept++] = ids[i];
+    return kept;
+}
+
 static int compare_ids(const void *a, const void *b)
 {
     size_t x = *(const size_t *)a, y = *(const size_t *)b;
     return x < y ? -1 : x > y;
+}
+
+static void sort_ids(size_t *ids, size_t n)
+{
+    if (n <= 16) {   /* usually a few matches: insertion sort beats qsort's calls */
+        for (size_t i = 1; i < n; i++) {
+            size_t id = ids[i], j = i;
+            while (j > 0 && ids[j - 1] > id) { ids[j] = ids[j - 1]; j--; }
+            ids[j] = id;
+        }
+    } else {
+        qsort(ids, n, sizeof *ids, compare_ids);
+    }
 }
 
 size_t dfs_group_match(const dfs_group *g, const dfs_view *views, const dfs_object *obj,
@@ -252,17 +422,37 @@ size_t dfs_group_match(const dfs_group *g, const dfs_view *views, const dfs_obje
 {
     size_t n = candidates(g, obj, out), kept = 0;
     for (size_t i = 0; i < n; i++)
-        if (view_matches(&views[out[i]], obj, now)) out[kept++] = out[i];
-    if (kept <= 16) {   /* usually a few matches: insertion sort beats qsort's calls */
-        for (size_t i = 1; i < kept; i++) {
-            size_t id = out[i], j = i;
-            while (j > 0 && out[j - 1] > id) { out[j] = out[j - 1]; j--; }
-            out[j] = id;
-        }
-    } else {
-        qsort(out, kept, sizeof *out, compare_ids);
+        if (view_value(&views[out[i]], obj, now, KNOWN) == YES) out[kept++] = out[i];
+    sort_ids(out, kept);
+    return unique_ids(out, kept);
+}
+
+size_t dfs_group_match_partial(const dfs_group *g, const dfs_view *views, const dfs_object *obj,
+                               double now, size_t *yes, size_t *maybe, size_t *nmaybe)
+{
+    size_t n = candidates(g, obj, yes), kept = 0;
+    *nmaybe = 0;
+    for (size_t i = 0; i < n; i++) {
+        int value = view_value(&views[yes[i]], obj, now, TAGS_UNKNOWN);
+        if (value == YES) yes[kept++] = yes[i];
+        else if (value == MAYBE) maybe[(*nmaybe)++] = yes[i];
     }
-    return kept;
+    sort_ids(yes, kept);
+    sort_ids(maybe, *nmaybe);
+    *nmaybe = unique_ids(maybe, *nmaybe);
+    return unique_ids(yes, kept);
+}
+
+int dfs_group_tags_could_matter(const dfs_group *g, const dfs_view *views, const dfs_object *obj,
+                                double now, size_t *scratch)
+{
+    if (!(g->reads & DFS_FROM_TAGS)) return 0;
+    size_t n = candidates(g, obj, scratch);
+    for (size_t i = 0; i < n; i++) {
+        const dfs_view *v = &views[scratch[i]];
+        if ((v->reads & DFS_FROM_TAGS) && view_value(v, obj, now, TAGS_UNKNOWN) == MAYBE) return 1;
+    }
+    return 0;
 }
 
 /* Earliest t with t - base >= bound (> bound when strict), exact under float rounding;
@@ -292,6 +482,13 @@ static void consider_flips(const dfs_time_rule *r, double base, double now, int 
     }
 }
 
+/* The age rule of a block can change the view's answer unless the block is false whatever the ages. */
+static void consider_block_flips(const dfs_block *b, const dfs_object *obj, double now, int *found, double *when)
+{
+    if (b->modified.kind == DFS_TIME_AGE && block_value(b, obj, now, AGES_UNKNOWN) != NO)
+        consider_flips(&b->modified, obj->mtime, now, found, when);
+}
+
 int dfs_group_next_flip(const dfs_group *g, const dfs_view *views, const dfs_object *obj,
                         double now, size_t *scratch, double *when)
 {
@@ -299,10 +496,10 @@ int dfs_group_next_flip(const dfs_group *g, const dfs_view *views, const dfs_obj
     int found = 0;
     for (size_t i = 0; i < n; i++) {
         const dfs_view *v = &views[scratch[i]];
-        if (v->modified.kind != DFS_TIME_AGE && v->accessed.kind != DFS_TIME_AGE) continue;
-        if (!static_match(v, obj)) continue;
-        consider_flips(&v->modified, obj->mtime, now, &found, when);
-        consider_flips(&v->accessed, obj->atime, now, &found, when);
+        if (!v->time_dependent || view_value(v, obj, now, AGES_UNKNOWN) != MAYBE) continue;
+        consider_flips(&v->rules.modified, obj->mtime, now, &found, when);
+        for (size_t k = 0; k < v->n_any_of; k++) consider_block_flips(&v->any_of[k], obj, now, &found, when);
+        for (size_t k = 0; k < v->n_none_of; k++) consider_block_flips(&v->none_of[k], obj, now, &found, when);
     }
     return found;
 }

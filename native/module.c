@@ -21,8 +21,7 @@ static PyObject *py_glob_match(PyObject *self, PyObject *args)
 }
 
 /* Attribute names of rulesets.ObjectInfo, interned once. */
-static PyObject *attr_bucket, *attr_key, *attr_size, *attr_mtime, *attr_atime, *attr_tags,
-    *attr_metadata, *str_lower;
+static PyObject *attr_bucket, *attr_key, *attr_size, *attr_mtime, *attr_tags, *attr_metadata, *str_lower;
 
 typedef struct {
     PyObject_HEAD
@@ -52,6 +51,30 @@ static int utf8_of(MatcherObject *self, PyObject *text, dfs_str *out, const char
     return 0;
 }
 
+/* (pattern, ...): the brace-free patterns of a glob */
+static int glob_of(MatcherObject *self, PyObject *spec, dfs_glob *glob, const char *what)
+{
+    PyObject *patterns = PySequence_Fast(spec, "a glob must be a sequence of patterns");
+    if (!patterns) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(patterns);
+    glob->patterns = PyMem_Calloc(n ? (size_t)n : 1, sizeof *glob->patterns);
+    if (!glob->patterns) { Py_DECREF(patterns); PyErr_NoMemory(); return -1; }
+    glob->n = (size_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (utf8_of(self, PySequence_Fast_GET_ITEM(patterns, i), &glob->patterns[i], what) < 0) {
+            Py_DECREF(patterns);
+            return -1;
+        }
+    }
+    Py_DECREF(patterns);
+    return 0;
+}
+
+static void glob_free(dfs_glob *glob)
+{
+    PyMem_Free(glob->patterns);
+}
+
 static int bound_of(PyObject *value, int *has, double *out)
 {
     *has = value != Py_None;
@@ -75,19 +98,57 @@ static int time_rule_of(PyObject *spec, dfs_time_rule *r)
     return 0;
 }
 
-/* ((key, (value|None, ...)), ...) */
-static int prop_rules_of(MatcherObject *self, PyObject *spec, dfs_view *v)
+/* A number bound (str) or None. */
+static int decimal_of(MatcherObject *self, PyObject *spec, int *has, dfs_decimal *out)
 {
-    PyObject *rules = PySequence_Fast(spec, "properties must be a sequence");
+    dfs_str text;
+    *has = spec != Py_None;
+    if (!*has) return 0;
+    if (utf8_of(self, spec, &text, "number bound") < 0) return -1;
+    if (!dfs_decimal_parse(text.s, text.n, out)) {
+        PyErr_Format(PyExc_ValueError, "number bound %R is not a number", spec);
+        return -1;
+    }
+    return 0;
+}
+
+/* None (the key is absent), (1, (pattern, ...)) a glob, or (2, lo|None, lo_open, hi|None, hi_open) */
+static int value_of(MatcherObject *self, PyObject *spec, dfs_value *v)
+{
+    PyObject *first, *second = NULL, *lo, *hi;
+    if (spec == Py_None) {
+        v->kind = DFS_VALUE_ABSENT;
+        return 0;
+    }
+    if (!PyArg_ParseTuple(spec, "iO|pOp:property value", &v->kind, &first, &v->lo_open, &second, &v->hi_open))
+        return -1;
+    if (v->kind == DFS_VALUE_GLOB && PyTuple_GET_SIZE(spec) == 2)
+        return glob_of(self, first, &v->glob, "property value");
+    if (v->kind != DFS_VALUE_NUMBER || PyTuple_GET_SIZE(spec) != 5) {
+        PyErr_SetString(PyExc_ValueError, "a property value must be None, (1, patterns) or "
+                                          "(2, lo, lo_open, hi, hi_open)");
+        return -1;
+    }
+    lo = first;
+    hi = second;
+    return decimal_of(self, lo, &v->has_lo, &v->lo) < 0 || decimal_of(self, hi, &v->has_hi, &v->hi) < 0
+        ? -1 : 0;
+}
+
+/* ((key, sources, (value, ...)), ...) */
+static int prop_rules_of(MatcherObject *self, PyObject *spec, dfs_block *b)
+{
+    PyObject *rules = PySequence_Fast(spec, "property rules must be a sequence");
     if (!rules) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(rules);
-    v->props = PyMem_Calloc(n ? (size_t)n : 1, sizeof *v->props);
-    if (!v->props) { Py_DECREF(rules); PyErr_NoMemory(); return -1; }
-    v->nprops = (size_t)n;
+    b->props = PyMem_Calloc(n ? (size_t)n : 1, sizeof *b->props);
+    if (!b->props) { Py_DECREF(rules); PyErr_NoMemory(); return -1; }
+    b->nprops = (size_t)n;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key, *values_spec;
-        dfs_prop_rule *rule = &v->props[i];
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(rules, i), "UO:property rule", &key, &values_spec)
+        dfs_prop_rule *rule = &b->props[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(rules, i), "UiO:property rule", &key, &rule->sources,
+                              &values_spec)
             || utf8_of(self, key, &rule->key, "property key") < 0)
             goto fail;
         PyObject *values = PySequence_Fast(values_spec, "property values must be a sequence");
@@ -97,11 +158,12 @@ static int prop_rules_of(MatcherObject *self, PyObject *spec, dfs_view *v)
         if (!rule->values) { Py_DECREF(values); PyErr_NoMemory(); goto fail; }
         rule->nvalues = (size_t)nv;
         for (Py_ssize_t k = 0; k < nv; k++) {
-            PyObject *value = PySequence_Fast_GET_ITEM(values, k);
-            if (value != Py_None && utf8_of(self, value, &rule->values[k], "property value") < 0) {
+            if (value_of(self, PySequence_Fast_GET_ITEM(values, k), &rule->values[k]) < 0) {
                 Py_DECREF(values);
                 goto fail;
             }
+            if (rule->values[k].kind == DFS_VALUE_ABSENT) rule->absent_ok = 1;
+            else rule->has_patterns = 1;
         }
         Py_DECREF(values);
     }
@@ -112,27 +174,89 @@ fail:
     return -1;
 }
 
-/* (bucket, bucket_is_glob, object|None, index_prefix, index_suffix, size_lo, size_hi|None,
- *  modified, accessed, properties) */
+/* (object patterns|None, size_lo, size_hi|None, modified|None, property rules) */
+static int block_of(MatcherObject *self, PyObject *spec, dfs_block *b)
+{
+    PyObject *object, *size_lo, *size_hi, *modified, *props;
+    if (!PyArg_ParseTuple(spec, "OOOOO:block spec", &object, &size_lo, &size_hi, &modified, &props))
+        return -1;
+    b->has_object = object != Py_None;
+    if (b->has_object && glob_of(self, object, &b->object, "object") < 0) return -1;
+    b->size_lo = PyLong_AsLongLong(size_lo);
+    if (b->size_lo == -1 && PyErr_Occurred()) return -1;
+    b->size_hi = size_hi == Py_None ? INT64_MAX : PyLong_AsLongLong(size_hi);
+    if (b->size_hi == -1 && PyErr_Occurred()) return -1;
+    if (time_rule_of(modified, &b->modified) < 0) return -1;
+    return prop_rules_of(self, props, b);
+}
+
+static void block_free(dfs_block *b)
+{
+    for (size_t r = 0; r < b->nprops; r++) {
+        for (size_t k = 0; k < b->props[r].nvalues; k++) glob_free(&b->props[r].values[k].glob);
+        PyMem_Free(b->props[r].values);
+    }
+    PyMem_Free(b->props);
+    glob_free(&b->object);
+}
+
+/* (block spec, ...) */
+static int blocks_of(MatcherObject *self, PyObject *spec, dfs_block **blocks, size_t *count)
+{
+    PyObject *items = PySequence_Fast(spec, "blocks must be a sequence");
+    if (!items) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    *blocks = PyMem_Calloc(n ? (size_t)n : 1, sizeof **blocks);
+    if (!*blocks) { Py_DECREF(items); PyErr_NoMemory(); return -1; }
+    *count = (size_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (block_of(self, PySequence_Fast_GET_ITEM(items, i), &(*blocks)[i]) < 0) {
+            Py_DECREF(items);
+            return -1;
+        }
+    }
+    Py_DECREF(items);
+    return 0;
+}
+
+/* (bucket_is_glob, bucket patterns, index_by_suffix, index keys, rules block, any blocks, not blocks) */
 static int view_of(MatcherObject *self, PyObject *spec, dfs_view *v)
 {
-    PyObject *bucket, *object, *prefix, *suffix, *size_lo, *size_hi, *modified, *accessed, *props;
-    if (!PyArg_ParseTuple(spec, "UpOUUOOOOO:view spec", &bucket, &v->bucket_is_glob, &object,
-                          &prefix, &suffix, &size_lo, &size_hi, &modified, &accessed, &props))
+    PyObject *bucket, *keys, *rules, *any_of, *none_of;
+    dfs_glob index_keys = {0, NULL};
+    if (!PyArg_ParseTuple(spec, "pOpOOOO:view spec", &v->bucket_is_glob, &bucket, &v->index_by_suffix,
+                          &keys, &rules, &any_of, &none_of))
         return -1;
-    if (utf8_of(self, bucket, &v->bucket, "bucket") < 0
-        || utf8_of(self, prefix, &v->index_prefix, "index prefix") < 0
-        || utf8_of(self, suffix, &v->index_suffix, "index suffix") < 0)
+    /* the keys are a list of strings like a glob's patterns */
+    int failed = glob_of(self, keys, &index_keys, "index key");
+    v->index_keys = index_keys.patterns;
+    v->n_index_keys = index_keys.n;
+    if (failed || glob_of(self, bucket, &v->bucket, "bucket") < 0
+        || block_of(self, rules, &v->rules) < 0
+        || blocks_of(self, any_of, &v->any_of, &v->n_any_of) < 0
+        || blocks_of(self, none_of, &v->none_of, &v->n_none_of) < 0)
         return -1;
-    v->has_object = object != Py_None;
-    if (v->has_object && utf8_of(self, object, &v->object, "object") < 0) return -1;
-    v->size_lo = PyLong_AsLongLong(size_lo);
-    if (v->size_lo == -1 && PyErr_Occurred()) return -1;
-    v->size_hi = size_hi == Py_None ? INT64_MAX : PyLong_AsLongLong(size_hi);
-    if (v->size_hi == -1 && PyErr_Occurred()) return -1;
-    if (time_rule_of(modified, &v->modified) < 0 || time_rule_of(accessed, &v->accessed) < 0)
+    if (!v->bucket_is_glob && v->bucket.n != 1) {
+        PyErr_SetString(PyExc_ValueError, "a literal bucket has exactly one pattern");
         return -1;
-    return prop_rules_of(self, props, v);
+    }
+    if (v->n_index_keys == 0) {
+        PyErr_SetString(PyExc_ValueError, "a view needs an index key (\"\" when its keys have no literal end)");
+        return -1;
+    }
+    dfs_view_summarise(v);
+    return 0;
+}
+
+static void view_free(dfs_view *v)
+{
+    PyMem_Free(v->index_keys);
+    glob_free(&v->bucket);
+    block_free(&v->rules);
+    for (size_t i = 0; i < v->n_any_of; i++) block_free(&v->any_of[i]);
+    PyMem_Free(v->any_of);
+    for (size_t i = 0; i < v->n_none_of; i++) block_free(&v->none_of[i]);
+    PyMem_Free(v->none_of);
 }
 
 static int Matcher_init(MatcherObject *self, PyObject *args, PyObject *kwds)
@@ -172,8 +296,7 @@ static int Matcher_init(MatcherObject *self, PyObject *args, PyObject *kwds)
 static void Matcher_dealloc(MatcherObject *self)
 {
     for (size_t i = 0; i < self->nviews; i++) {
-        for (size_t r = 0; r < self->views[i].nprops; r++) PyMem_Free(self->views[i].props[r].values);
-        PyMem_Free(self->views[i].props);
+        view_free(&self->views[i]);
         if (self->view_numbers) Py_XDECREF(self->view_numbers[i]);
     }
     PyMem_Free(self->views);
@@ -217,6 +340,9 @@ static dfs_group *group_for(MatcherObject *self, PyObject *bucket)
 }
 
 /* ---- converting objects ---- */
+
+/* What a call asks of each object; the partial answers take the tags as unknown. */
+typedef enum { ASK_MATCH, ASK_PARTIAL, ASK_TAGS_COULD_MATTER } question;
 
 typedef struct {
     dfs_object *objects;
@@ -277,10 +403,12 @@ static int lowered_key_of(batch *b, PyObject *key, dfs_str *out)
     return text_of(b, PyObject_CallMethodNoArgs(key, str_lower), out, "tag key");
 }
 
-static int add_props(batch *b, PyObject *mapping, const char *what)
+/* Appends the entries of the object's `tags` or `metadata` attribute; steals `mapping`. */
+static int add_props(batch *b, PyObject *mapping, int source, const char *what)
 {
     PyObject *key, *value;
     Py_ssize_t pos = 0;
+    if (!mapping || keep(b, mapping) < 0) return -1;
     if (!PyDict_Check(mapping)) {
         PyErr_Format(PyExc_TypeError, "%s must be a dict, not %.100s", what, Py_TYPE(mapping)->tp_name);
         return -1;
@@ -294,15 +422,17 @@ static int add_props(batch *b, PyObject *mapping, const char *what)
             b->props_cap = cap;
         }
         dfs_prop *p = &b->props[b->nprops];
+        p->source = source;
         Py_INCREF(value);
-        if (text_of(b, value, &p->value, "tag value") < 0 || lowered_key_of(b, key, &p->key) < 0)
+        if (text_of(b, value, &p->value, source == DFS_FROM_TAGS ? "tag value" : "metadata value") < 0
+            || lowered_key_of(b, key, &p->key) < 0)
             return -1;
         b->nprops++;
     }
     return 0;
 }
 
-static int convert_object(MatcherObject *self, batch *b, size_t i, PyObject *obj)
+static int convert_object(MatcherObject *self, batch *b, size_t i, PyObject *obj, question asked)
 {
     dfs_object *o = &b->objects[i];
     PyObject *bucket = PyObject_GetAttr(obj, attr_bucket);
@@ -315,6 +445,8 @@ static int convert_object(MatcherObject *self, batch *b, size_t i, PyObject *obj
     if (!g) return -1;
     b->prop_start[i] = b->nprops;
     if (dfs_group_size(g) == 0) return 0;   /* no view names this bucket */
+    int reads = dfs_group_reads(g);
+    if (asked == ASK_TAGS_COULD_MATTER && !(reads & DFS_FROM_TAGS)) return 0;   /* the answer is no */
     if (text_of(b, PyObject_GetAttr(obj, attr_key), &o->key, "key") < 0) return -1;
     PyObject *value = PyObject_GetAttr(obj, attr_size);
     if (!value) return -1;
@@ -326,17 +458,12 @@ static int convert_object(MatcherObject *self, batch *b, size_t i, PyObject *obj
     o->mtime = PyFloat_AsDouble(value);
     Py_DECREF(value);
     if (o->mtime == -1.0 && PyErr_Occurred()) return -1;
-    value = PyObject_GetAttr(obj, attr_atime);
-    if (!value) return -1;
-    o->atime = value == Py_None ? o->mtime : PyFloat_AsDouble(value);
-    Py_DECREF(value);
-    if (o->atime == -1.0 && PyErr_Occurred()) return -1;
-    if (dfs_group_uses_properties(g)) {
-        PyObject *tags = PyObject_GetAttr(obj, attr_tags);
-        if (!tags || keep(b, tags) < 0 || add_props(b, tags, "tags") < 0) return -1;
-        PyObject *metadata = PyObject_GetAttr(obj, attr_metadata);
-        if (!metadata || keep(b, metadata) < 0 || add_props(b, metadata, "metadata") < 0) return -1;
-    }
+    if ((reads & DFS_FROM_TAGS) && asked == ASK_MATCH
+        && add_props(b, PyObject_GetAttr(obj, attr_tags), DFS_FROM_TAGS, "tags") < 0)
+        return -1;
+    if ((reads & DFS_FROM_METADATA)
+        && add_props(b, PyObject_GetAttr(obj, attr_metadata), DFS_FROM_METADATA, "metadata") < 0)
+        return -1;
     o->nprops = b->nprops - b->prop_start[i];
     b->groups[i] = g;
     return 0;
@@ -352,7 +479,7 @@ static void batch_free(batch *b)
     PyMem_Free(b->prop_start);
 }
 
-static int batch_convert(MatcherObject *self, batch *b, PyObject *const *objs, size_t n)
+static int batch_convert(MatcherObject *self, batch *b, PyObject *const *objs, size_t n, question asked)
 {
     memset(b, 0, sizeof *b);
     b->objects = PyMem_Calloc(n ? n : 1, sizeof *b->objects);
@@ -360,7 +487,7 @@ static int batch_convert(MatcherObject *self, batch *b, PyObject *const *objs, s
     b->prop_start = PyMem_Calloc(n ? n : 1, sizeof *b->prop_start);
     if (!b->objects || !b->groups || !b->prop_start) { PyErr_NoMemory(); return -1; }
     for (size_t i = 0; i < n; i++)
-        if (convert_object(self, b, i, objs[i]) < 0) return -1;
+        if (convert_object(self, b, i, objs[i], asked) < 0) return -1;
     for (size_t i = 0; i < n; i++) b->objects[i].props = b->props + b->prop_start[i];
     return 0;
 }
@@ -371,18 +498,29 @@ static int now_of(PyObject *arg, double *now)
     return (*now == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* Matches every object without the GIL; results[i] = (offset, count) into *matches. */
-static int batch_match(MatcherObject *self, batch *b, size_t n, double now,
-                       size_t **matches, size_t (*results)[2])
+/* One answer per object: `count` view ids at ids[offset..], the first `definite` of them
+ * matching (whatever the tags, when partial) and the rest undecided. For
+ * ASK_TAGS_COULD_MATTER, `definite` is the yes/no answer and there are no ids. */
+typedef struct { size_t offset, count, definite; } answer;
+
+/* Answers every object without the GIL. */
+static int batch_answer(MatcherObject *self, batch *b, size_t n, double now, question asked,
+                        size_t **ids, answer *answers)
 {
     size_t used = 0, cap = 0, room = self->max_group ? self->max_group : 1;
-    size_t *out = NULL;
+    size_t *out = NULL, *scratch = NULL;
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
+    if (asked != ASK_MATCH) failed = !(scratch = malloc(room * sizeof *scratch));
     for (size_t i = 0; i < n && !failed; i++) {
-        results[i][0] = used;
-        results[i][1] = 0;
+        answer *a = &answers[i];
+        *a = (answer){used, 0, 0};
         if (!b->groups[i]) continue;
+        if (asked == ASK_TAGS_COULD_MATTER) {
+            a->definite = (size_t)dfs_group_tags_could_matter(b->groups[i], self->views, &b->objects[i],
+                                                              now, scratch);
+            continue;
+        }
         if (used + room > cap) {
             size_t grown_cap = 2 * cap > used + room ? 2 * cap : used + room + 1024;
             size_t *grown = realloc(out, grown_cap * sizeof *grown);
@@ -390,16 +528,25 @@ static int batch_match(MatcherObject *self, batch *b, size_t n, double now,
             out = grown;
             cap = grown_cap;
         }
-        results[i][1] = dfs_group_match(b->groups[i], self->views, &b->objects[i], now, out + used);
-        used += results[i][1];
+        if (asked == ASK_MATCH) {
+            a->definite = a->count = dfs_group_match(b->groups[i], self->views, &b->objects[i], now, out + used);
+        } else {
+            size_t undecided;
+            a->definite = dfs_group_match_partial(b->groups[i], self->views, &b->objects[i], now,
+                                                  out + used, scratch, &undecided);
+            memcpy(out + used + a->definite, scratch, undecided * sizeof *scratch);
+            a->count = a->definite + undecided;
+        }
+        used += a->count;
     }
+    free(scratch);
     Py_END_ALLOW_THREADS
     if (failed) {
         free(out);
         PyErr_NoMemory();
         return -1;
     }
-    *matches = out;
+    *ids = out;
     return 0;
 }
 
@@ -415,28 +562,56 @@ static PyObject *index_list(MatcherObject *self, const size_t *ids, size_t count
     return list;
 }
 
-/* Shared by match and match_batch: a list of index lists, one per object. */
-static PyObject *match_objects(MatcherObject *self, PyObject *const *objs, size_t n, double now)
+/* The Python form of one answer: list[int], (list[int], list[int]) or bool. */
+static PyObject *answer_object(MatcherObject *self, const size_t *ids, const answer *a, question asked)
+{
+    if (asked == ASK_TAGS_COULD_MATTER) return PyBool_FromLong((long)a->definite);
+    if (asked == ASK_MATCH) return index_list(self, ids + a->offset, a->count);
+    PyObject *definite = index_list(self, ids + a->offset, a->definite);
+    PyObject *undecided = definite ? index_list(self, ids + a->offset + a->definite, a->count - a->definite) : NULL;
+    PyObject *pair = undecided ? PyTuple_Pack(2, definite, undecided) : NULL;
+    Py_XDECREF(definite);
+    Py_XDECREF(undecided);
+    return pair;
+}
+
+/* A list of answers, one per object. */
+static PyObject *answer_objects(MatcherObject *self, PyObject *const *objs, size_t n, double now, question asked)
 {
     batch b;
-    size_t *matches = NULL;
-    size_t (*results)[2] = NULL;
-    PyObject *lists = NULL;
-    if (batch_convert(self, &b, objs, n) < 0) goto done;
-    results = PyMem_Malloc((n ? n : 1) * sizeof *results);
-    if (!results) { PyErr_NoMemory(); goto done; }
-    if (batch_match(self, &b, n, now, &matches, results) < 0) goto done;
-    lists = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; lists && i < n; i++) {
-        PyObject *list = index_list(self, matches + results[i][0], results[i][1]);
-        if (!list) Py_CLEAR(lists);
-        else PyList_SET_ITEM(lists, (Py_ssize_t)i, list);
+    size_t *ids = NULL;
+    answer *answers = NULL;
+    PyObject *list = NULL;
+    if (batch_convert(self, &b, objs, n, asked) < 0) goto done;
+    answers = PyMem_Malloc((n ? n : 1) * sizeof *answers);
+    if (!answers) { PyErr_NoMemory(); goto done; }
+    if (batch_answer(self, &b, n, now, asked, &ids, answers) < 0) goto done;
+    list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *item = answer_object(self, ids, &answers[i], asked);
+        if (!item) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)i, item);
     }
 done:
-    free(matches);
-    PyMem_Free(results);
+    free(ids);
+    PyMem_Free(answers);
     batch_free(&b);
-    return lists;
+    return list;
+}
+
+/* (objs, now) -> one answer per object */
+static PyObject *answer_batch(MatcherObject *self, PyObject *args, question asked, const char *format)
+{
+    PyObject *objs_arg, *now_arg;
+    double now;
+    if (!PyArg_ParseTuple(args, format, &objs_arg, &now_arg) || now_of(now_arg, &now) < 0)
+        return NULL;
+    PyObject *objs = PySequence_Fast(objs_arg, "a batch is a sequence of objects");
+    if (!objs) return NULL;
+    PyObject *list = answer_objects(self, PySequence_Fast_ITEMS(objs),
+                                    (size_t)PySequence_Fast_GET_SIZE(objs), now, asked);
+    Py_DECREF(objs);
+    return list;
 }
 
 static PyObject *Matcher_match(MatcherObject *self, PyObject *args)
@@ -444,7 +619,7 @@ static PyObject *Matcher_match(MatcherObject *self, PyObject *args)
     PyObject *obj, *now_arg;
     double now;
     if (!PyArg_ParseTuple(args, "OO:match", &obj, &now_arg) || now_of(now_arg, &now) < 0) return NULL;
-    PyObject *lists = match_objects(self, &obj, 1, now);
+    PyObject *lists = answer_objects(self, &obj, 1, now, ASK_MATCH);
     if (!lists) return NULL;
     PyObject *result = PyList_GET_ITEM(lists, 0);
     Py_INCREF(result);
@@ -454,16 +629,17 @@ static PyObject *Matcher_match(MatcherObject *self, PyObject *args)
 
 static PyObject *Matcher_match_batch(MatcherObject *self, PyObject *args)
 {
-    PyObject *objs_arg, *now_arg;
-    double now;
-    if (!PyArg_ParseTuple(args, "OO:match_batch", &objs_arg, &now_arg) || now_of(now_arg, &now) < 0)
-        return NULL;
-    PyObject *objs = PySequence_Fast(objs_arg, "match_batch takes a sequence of objects");
-    if (!objs) return NULL;
-    PyObject *lists = match_objects(self, PySequence_Fast_ITEMS(objs),
-                                    (size_t)PySequence_Fast_GET_SIZE(objs), now);
-    Py_DECREF(objs);
-    return lists;
+    return answer_batch(self, args, ASK_MATCH, "OO:match_batch");
+}
+
+static PyObject *Matcher_match_partial_batch(MatcherObject *self, PyObject *args)
+{
+    return answer_batch(self, args, ASK_PARTIAL, "OO:match_partial_batch");
+}
+
+static PyObject *Matcher_tags_could_matter_batch(MatcherObject *self, PyObject *args)
+{
+    return answer_batch(self, args, ASK_TAGS_COULD_MATTER, "OO:tags_could_matter_batch");
 }
 
 static PyObject *Matcher_next_flip(MatcherObject *self, PyObject *args)
@@ -473,7 +649,7 @@ static PyObject *Matcher_next_flip(MatcherObject *self, PyObject *args)
     int found = 0;
     batch b;
     if (!PyArg_ParseTuple(args, "OO:next_flip", &obj, &now_arg) || now_of(now_arg, &now) < 0) return NULL;
-    if (batch_convert(self, &b, &obj, 1) < 0) { batch_free(&b); return NULL; }
+    if (batch_convert(self, &b, &obj, 1, ASK_MATCH) < 0) { batch_free(&b); return NULL; }
     if (b.groups[0]) {
         size_t *scratch = PyMem_Malloc((self->max_group ? self->max_group : 1) * sizeof *scratch);
         if (!scratch) { batch_free(&b); return PyErr_NoMemory(); }
@@ -490,6 +666,12 @@ static PyMethodDef Matcher_methods[] = {
      "match(obj, now) -> list[int]: indices of the views obj matches, ascending."},
     {"match_batch", (PyCFunction)Matcher_match_batch, METH_VARARGS,
      "match_batch(objs, now) -> list[list[int]]: match for each object; runs without the GIL."},
+    {"match_partial_batch", (PyCFunction)Matcher_match_partial_batch, METH_VARARGS,
+     "match_partial_batch(objs, now) -> list[tuple[list[int], list[int]]]: with the tags unknown, "
+     "per object the views it matches whatever its tags and the views whose answer may depend on them."},
+    {"tags_could_matter_batch", (PyCFunction)Matcher_tags_could_matter_batch, METH_VARARGS,
+     "tags_could_matter_batch(objs, now) -> list[bool]: per object, whether some view's answer may "
+     "depend on its tags (its tags are ignored)."},
     {"next_flip", (PyCFunction)Matcher_next_flip, METH_VARARGS,
      "next_flip(obj, now) -> float | None: earliest time > now at which time alone can change match."},
     {NULL, NULL, 0, NULL},
@@ -509,7 +691,8 @@ static PyTypeObject MatcherType = {
 
 static PyMethodDef native_methods[] = {
     {"glob_match", py_glob_match, METH_VARARGS,
-     "glob_match(pattern, text) -> bool: DelveFS glob semantics (see rulesets.globs)."},
+     "glob_match(pattern, text) -> bool: DelveFS glob semantics for a brace-free pattern "
+     "(rulesets.globs.brace_free_match; braces are expanded before compiling)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -523,7 +706,7 @@ PyMODINIT_FUNC PyInit__native(void)
 {
     struct { PyObject **slot; const char *name; } names[] = {
         {&attr_bucket, "bucket"}, {&attr_key, "key"}, {&attr_size, "size"}, {&attr_mtime, "mtime"},
-        {&attr_atime, "atime"}, {&attr_tags, "tags"}, {&attr_metadata, "metadata"}, {&str_lower, "lower"},
+        {&attr_tags, "tags"}, {&attr_metadata, "metadata"}, {&str_lower, "lower"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].slot = PyUnicode_InternFromString(names[i].name))) return NULL;

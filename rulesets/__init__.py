@@ -7,7 +7,7 @@ extension must agree with. docs/RULESETS.md is the user's reference.
 """
 from .loader import Problem, ViewsError, load_views, parse_views
 from .matcher import Matcher, compile_views
-from .model import ObjectInfo, TimeRule, View, view_id
+from .model import ObjectInfo, RuleBlock, TimeRule, View, view_id
 
-__all__ = ["load_views", "parse_views", "ViewsError", "Problem", "View", "ObjectInfo",
+__all__ = ["load_views", "parse_views", "ViewsError", "Problem", "View", "RuleBlock", "ObjectInfo",
            "TimeRule", "compile_views", "Matcher", "view_id"]

@@ -1,5 +1,6 @@
 """`delvefs check VIEWS.yaml [--objects OBJECTS.jsonl]`: validate a views file, and
-optionally print which views each listed object belongs to (one JSON line per object)."""
+optionally print which views each listed object belongs to (one JSON line per object).
+An object's `atime` is accepted and ignored (no rule reads it)."""
 from __future__ import annotations
 
 import difflib
@@ -8,9 +9,10 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from .expressions import parse_comparison
 from .loader import ViewsError, load_views
 from .matcher import compile_views
-from .model import ObjectInfo, TimeRule, View
+from .model import ObjectInfo, RuleBlock, TimeRule, View
 
 OBJECT_FIELDS = ("bucket", "key", "size", "mtime", "atime", "tags", "metadata")
 _META_PREFIX = "x-amz-meta-"
@@ -36,21 +38,34 @@ def _describe_time(rule: TimeRule) -> str:
     return " and ".join(parts)
 
 
+_PROPERTY_PREFIX = {"properties": "", "tags": "tag ", "metadata": "metadata "}
+
+
+def _describe_rules(block: RuleBlock) -> list[str]:
+    rules = []
+    if block.object is not None:
+        rules.append(f"object {block.object}")
+    if block.size is not None:
+        lo, hi = block.size
+        rules.append(f"size >= {lo} B" if hi is None else f"size {lo} .. {hi} B")
+    if block.modified is not None:
+        rules.append(f"modified {_describe_time(block.modified)}")
+    for rule, key, values in block.property_rules():
+        shown = ["(absent)" if v is None else v for v in values]
+        name = _PROPERTY_PREFIX[rule] + key
+        if len(shown) > 1:
+            rules.append(f"{name} in [{', '.join(shown)}]")
+        else:   # a comparison reads as one: "lane >= 3"
+            rules.append(f"{name} {'' if values[0] and parse_comparison(values[0]) else '= '}{shown[0]}")
+    return rules
+
+
 def describe(view: View) -> str:
     """One line: what the view selects and how it is shown."""
-    rules = [f"bucket {view.bucket}"]
-    if view.object is not None:
-        rules.append(f"object {view.object}")
-    if view.size is not None:
-        lo, hi = view.size
-        rules.append(f"size >= {lo} B" if hi is None else f"size {lo} .. {hi} B")
-    for name in ("modified", "accessed"):
-        rule = getattr(view, name)
-        if rule is not None:
-            rules.append(f"{name} {_describe_time(rule)}")
-    for key, values in view.properties.items():
-        shown = ["(absent)" if v is None else v for v in values]
-        rules.append(f"{key} = {shown[0]}" if len(shown) == 1 else f"{key} in [{', '.join(shown)}]")
+    rules = [f"bucket {view.bucket}"] + _describe_rules(view.rules)
+    for what, blocks in (("any of", view.any_of), ("none of", view.none_of)):
+        if blocks:
+            rules.append(f"{what} " + " | ".join(f"({', '.join(_describe_rules(b))})" for b in blocks))
     options = [view.layout, f"root '{view.root}'", f"ttl {view.ttl:g}s",
                "writable" if view.writable else "read-only"]
     if view.set:

@@ -1,4 +1,5 @@
-"""Parsers of the small expression languages in rules: sizes, times and durations.
+"""Parsers of the small expression languages in rules: sizes, times, durations and
+numeric comparisons of property values.
 
 Each parser raises ValueError with a message that says what is wrong and what is allowed.
 """
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 
@@ -155,3 +157,115 @@ def parse_duration(value: str | int | float) -> float:
     else:
         seconds = _number_with_unit(str(value), DURATION_UNITS, "s", DURATION_ALLOWED)
     return float(seconds)
+
+
+# ---- numeric comparisons of property values ----
+
+COMPARISON_ALLOWED = ('allowed: "< N", "<= N", "> N", ">= N" or "N .. M" (both included), where N and '
+                      'M are decimal numbers like 3, -1.5 or 2e3; a value meant literally that starts '
+                      'with < or > is written with a backslash: \'\\> 2\'')
+# What a property value must look like to be a number (the C matcher reads the same).
+NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# Bounds keep their exponents small so that the C matcher, which saturates huge exponents
+# of values, orders every value against them exactly.
+_MAX_BOUND_EXPONENT_DIGITS = 4
+
+
+def decimal_parts(text: str) -> tuple[int, int, str] | None:
+    """A number as (sign, exponent, digits) with text == sign * 0.digits * 10**exponent
+    exactly, digits without leading or trailing zeros (zero is (0, 0, "")); None when
+    `text` is not a number (see NUMBER: no spaces, no inf or nan)."""
+    if not NUMBER.fullmatch(text):
+        return None
+    sign = -1 if text[0] == "-" else 1
+    mantissa, _, exponent = text.lstrip("+-").lower().partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = whole + fraction
+    significant = digits.lstrip("0")
+    if not significant:
+        return 0, 0, ""
+    return sign, len(whole) - (len(digits) - len(significant)) + int(exponent or 0), significant.rstrip("0")
+
+
+def compare_decimals(a: tuple[int, int, str], b: tuple[int, int, str]) -> int:
+    """-1, 0 or 1 as the number `a` is below, equal to or above `b` (decimal_parts)."""
+    if a[0] != b[0]:
+        return -1 if a[0] < b[0] else 1
+    if a[0] == 0:
+        return 0
+    # equal signs: order the magnitudes, then flip for negative numbers
+    if a[1] != b[1]:
+        magnitude = -1 if a[1] < b[1] else 1
+    else:
+        magnitude = (a[2] > b[2]) - (a[2] < b[2])
+    return magnitude * a[0]
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """A numeric comparison of a property value; None bounds are unbounded. ``lo``/``hi``
+    keep the numbers as written."""
+
+    lo: str | None = None
+    hi: str | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def accepts(self, value: str) -> bool:
+        """True when `value` is a number within the range (a value that is not a number never is)."""
+        number = decimal_parts(value)
+        if number is None:
+            return False
+        if self.lo is not None:
+            order = compare_decimals(number, decimal_parts(self.lo))
+            if order < 0 or (order == 0 and self.lo_open):
+                return False
+        if self.hi is not None:
+            order = compare_decimals(number, decimal_parts(self.hi))
+            if order > 0 or (order == 0 and self.hi_open):
+                return False
+        return True
+
+    @property
+    def text(self) -> str:
+        """The canonical way to write it."""
+        if self.lo is not None and self.hi is not None:
+            return f"{self.lo} .. {self.hi}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo}"
+        return f"{'<' if self.hi_open else '<='} {self.hi}"
+
+
+def _bound(text: str, whole: str, op: str) -> str:
+    if not NUMBER.fullmatch(text):
+        raise ValueError(f"{whole!r} starts with {op!r}, but {text!r} is not a number; {COMPARISON_ALLOWED}")
+    exponent = text.lower().partition("e")[2].lstrip("+-")
+    if len(exponent) > _MAX_BOUND_EXPONENT_DIGITS:
+        raise ValueError(f"the exponent of {text!r} in {whole!r} is too large; {COMPARISON_ALLOWED}")
+    return text
+
+
+def parse_comparison(text: str) -> NumberRange | None:
+    """A property value as a numeric comparison: "< N", "<= N", "> N", ">= N", or "N .. M"
+    with two numbers. None when the value is a glob instead (it starts with neither < nor >
+    and is not two numbers around ".."); ValueError for a value that starts with < or > but
+    is no comparison."""
+    op, a, b = _split(text)
+    if op is None:
+        return None
+    if op == "..":
+        if not (NUMBER.fullmatch(a) and NUMBER.fullmatch(b)):
+            return None
+        lo, hi = _bound(a, text, op), _bound(b, text, op)
+        if compare_decimals(decimal_parts(lo), decimal_parts(hi)) > 0:
+            raise ValueError(f"{text!r} matches no value (empty range); {COMPARISON_ALLOWED}")
+        return NumberRange(lo=lo, hi=hi)
+    if not a:
+        raise ValueError(f"incomplete comparison {text!r}; {COMPARISON_ALLOWED}")
+    bound = _bound(a, text, op)
+    return {
+        "<": NumberRange(hi=bound, hi_open=True),
+        "<=": NumberRange(hi=bound),
+        ">": NumberRange(lo=bound, lo_open=True),
+        ">=": NumberRange(lo=bound),
+    }[op]

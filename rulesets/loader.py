@@ -16,19 +16,24 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from . import expressions
-from .globs import glob_match, literal_prefix
-from .model import DEFAULT_TTL, View, default_root, default_set
+from .globs import literal_prefix
+from .model import (ACCESSED_REFUSED, BLOCK_KEYS, DEFAULT_TTL, PROPERTY_RULES, RuleBlock, View,
+                    canonical_value, check_glob, default_root, default_set, value_accepts)
 
-FILTER_RULES = ("bucket", "object", "size", "modified", "accessed", "properties")
+FILTER_RULES = ("bucket",) + BLOCK_KEYS + ("any", "not")
 OPTIONS = ("layout", "root", "set", "ttl", "writable")
 VIEW_KEYS = FILTER_RULES + OPTIONS
 LAYOUTS = ("tree", "flat")
+# How the items of each property rule are named in messages.
+_ITEM = {"properties": "property", "tags": "tag", "metadata": "metadata key"}
 
 _NULL = "tag:yaml.org,2002:null"
 _BOOL = "tag:yaml.org,2002:bool"
 _MERGE = "tag:yaml.org,2002:merge"
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_GLOB_CHARS = "*?[\\"
+_GLOB_CHARS = "*?[{\\"
+_YAML_ESCAPE_HINT = ("; in double quotes a backslash starts a YAML escape: write a value with a "
+                     "backslash in single quotes ('\\> 2', '\\*') or double the backslash")
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,8 @@ class _Parser:
                 if exc.context_mark and exc.context_mark is not mark:
                     message += f" started at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
                 message += ")"
+            if "unknown escape character" in message:
+                message += _YAML_ESCAPE_HINT
             line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
             raise ViewsError([Problem(self.filename, line, column,
                                       f"YAML syntax error: {message}")]) from None
@@ -176,38 +183,58 @@ class _Parser:
         self.problem(node, f"{what} must be a single value, found {_kind(node)}")
         return None
 
+    def rule_nodes(self, node: MappingNode, allowed: tuple[str, ...], where: str) -> dict[str, Node]:
+        """The rules of a view or block by name; reports unknown, refused and repeated keys."""
+        rules: dict[str, Node] = {}
+        for key_node, value_node in self.entries(node, "rule name"):
+            key = key_node.value
+            if key == "accessed":
+                self.problem(key_node, f"`accessed` in {where} cannot be used: {ACCESSED_REFUSED}")
+            elif key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                self.problem(key_node, f"unknown key {key!r} in {where}; {hint}allowed: {', '.join(allowed)}")
+            elif key in rules:
+                self.problem(key_node, f"duplicate key {key!r} in {where} (first at line "
+                                       f"{rules[key].start_mark.line + 1}); each key may appear once")
+            else:
+                rules[key] = value_node
+        return rules
+
     def view(self, name: str, name_node: Node, node: Node) -> View | None:
         if not isinstance(node, MappingNode):
             self.problem(node if node.tag != _NULL else name_node,
                          f"view {name!r} must be a mapping of rules (at least `bucket:`), found {_kind(node)}")
             return None
         before = len(self.problems)
-        rules: dict[str, Node] = {}
-        for key_node, value_node in self.entries(node, "rule name"):
-            key = key_node.value
-            if key not in VIEW_KEYS:
-                close = difflib.get_close_matches(key, VIEW_KEYS, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                self.problem(key_node, f"unknown key {key!r} in view {name!r}; {hint}"
-                                       f"allowed: {', '.join(VIEW_KEYS)}")
-            elif key in rules:
-                self.problem(key_node, f"duplicate key {key!r} in view {name!r} (first at line "
-                                       f"{rules[key].start_mark.line + 1}); each key may appear once")
-            else:
-                rules[key] = value_node
+        rules = self.rule_nodes(node, VIEW_KEYS, f"view {name!r}")
         fields: dict = {"name": name}
         if "bucket" not in rules:
             self.problem(name_node, f"view {name!r} has no `bucket`; every view needs one "
-                                    "(a bucket name or a glob such as 'runs-*')")
+                                    "(the name of an S3 bucket, such as 'runs')")
         else:
             fields["bucket"] = self.bucket(rules["bucket"])
+        spelling: dict[str, str] = {}
+        fields.update(self.block_rules(rules, spelling))
+        for key, field_name in (("any", "any_of"), ("not", "none_of")):
+            if key in rules:
+                fields[field_name] = self.blocks(rules[key], key, name)
+        self.options(rules, fields, spelling)
+        if len(self.problems) > before:
+            return None
+        return View(**fields)
+
+    def block_rules(self, rules: dict[str, Node], spelling: dict[str, str] | None = None) -> dict:
+        """The RuleBlock fields of the rules present (a view's top level or one block)."""
+        fields: dict = {}
         if "object" in rules:
             fields["object"] = self.scalar(rules["object"], "`object` (a glob on the whole key)")
             if fields["object"] == "":
                 self.problem(rules["object"], "`object` is empty; give a glob such as 'data/*.csv' "
                                               "or leave `object` out to match every key")
-        for key, parser in (("size", expressions.parse_size), ("modified", expressions.parse_time),
-                            ("accessed", expressions.parse_time)):
+            elif fields["object"] is not None:
+                self.glob(rules["object"], fields["object"], "`object`")
+        for key, parser in (("size", expressions.parse_size), ("modified", expressions.parse_time)):
             if key in rules:
                 text = self.scalar(rules[key], f"`{key}`")
                 if text is not None:
@@ -215,57 +242,104 @@ class _Parser:
                         fields[key] = parser(text)
                     except ValueError as exc:
                         self.problem(rules[key], f"bad `{key}`: {exc}")
-        spelling: dict[str, str] = {}
-        if "properties" in rules:
-            fields["properties"] = self.properties(rules["properties"], spelling)
-        self.options(rules, fields, spelling)
-        if len(self.problems) > before:
-            return None
-        return View(**fields)
+        for rule in PROPERTY_RULES:
+            if rule in rules:
+                fields[rule] = self.properties(rules[rule], rule, spelling)
+        return fields
+
+    def blocks(self, node: Node, key: str, name: str) -> tuple[RuleBlock, ...]:
+        """The blocks of `any` (a list) or `not` (a list, or one block)."""
+        what = "one block of rules or a list of blocks" if key == "not" else "a list of blocks of rules"
+        example = f"`{key}: [{{object: '*.bam'}}, {{size: '> 1 GiB'}}]`"
+        if key == "not" and isinstance(node, MappingNode):
+            items = [node]
+        elif isinstance(node, SequenceNode):
+            items = node.value
+            if not items:
+                self.problem(node, f"`{key}` in view {name!r} has an empty list; give {what}, like {example}")
+        else:
+            self.problem(node, f"`{key}` in view {name!r} must be {what}, like {example}; found {_kind(node)}")
+            return ()
+        blocks = []
+        for number, item in enumerate(items, start=1):
+            where = f"block {number} of `{key}` in view {name!r}"
+            if not isinstance(item, MappingNode):
+                self.problem(item, f"{where} must be a mapping of rules ({', '.join(BLOCK_KEYS)}), "
+                                   f"found {_kind(item)}")
+                continue
+            before = len(self.problems)
+            rules = self.rule_nodes(item, BLOCK_KEYS, where)
+            if not rules and len(self.problems) == before:
+                self.problem(item, f"{where} has no rule; give at least one of {', '.join(BLOCK_KEYS)}")
+            blocks.append(RuleBlock(**self.block_rules(rules)))
+        return tuple(blocks)
+
+    def glob(self, node: Node, pattern: str, what: str) -> None:
+        try:
+            check_glob(pattern)
+        except ValueError as exc:
+            self.problem(node, f"{what} {pattern!r}: {exc}")
 
     def bucket(self, node: Node) -> str | None:
         bucket = self.scalar(node, "`bucket`")
         if bucket is None:
             return None
-        if not any(c in bucket for c in _GLOB_CHARS) and (
-                not _BUCKET_NAME.match(bucket) or ".." in bucket):
+        if any(c in bucket for c in _GLOB_CHARS):
+            self.problem(node, f"bucket {bucket!r} is a glob: bucket globs are not supported by the handler "
+                               "yet; name the bucket (one view per bucket)")
+        elif not _BUCKET_NAME.match(bucket) or ".." in bucket:
             self.problem(node, f"{bucket!r} is not a valid bucket name; allowed: 3-63 characters "
-                               "of a-z, 0-9, '.' and '-', starting and ending with a letter or digit, "
-                               "or a glob such as 'runs-*'")
+                               "of a-z, 0-9, '.' and '-', starting and ending with a letter or digit")
         return bucket
 
-    def properties(self, node: Node, spelling: dict[str, str]) -> dict[str, tuple[str | None, ...]]:
+    def properties(self, node: Node, rule: str, spelling: dict[str, str] | None
+                   ) -> dict[str, tuple[str | None, ...]]:
+        """A `properties`, `tags` or `metadata` rule; `spelling` collects the keys as written."""
+        item = _ITEM[rule]
         if not isinstance(node, MappingNode):
-            self.problem(node, f"`properties` must be a mapping of property names to values, found {_kind(node)}")
+            self.problem(node, f"`{rule}` must be a mapping of {item} names to values, found {_kind(node)}")
             return {}
         result: dict[str, tuple[str | None, ...]] = {}
         first_seen: dict[str, tuple[Node, list[str]]] = {}
-        for key_node, value_node in self.entries(node, "property name"):
+        for key_node, value_node in self.entries(node, f"{item} name"):
             key = key_node.value.lower()
             if key in first_seen:
                 first_key, values = first_seen[key]
                 values.extend(_flow_items(value_node))
-                self.problem(key_node, f"duplicate property {key_node.value!r} (first at line "
+                self.problem(key_node, f"duplicate {item} {key_node.value!r} (first at line "
                                        f"{first_key.start_mark.line + 1}; names are compared "
                                        "case-insensitively): a key may appear once; to accept several "
                                        f"values write a list: {first_key.value}: [{', '.join(values)}]")
                 continue
             first_seen[key] = (key_node, _flow_items(value_node))
-            spelling[key] = key_node.value
-            what = f"property {key_node.value!r}"
+            if spelling is not None:
+                spelling[key] = key_node.value
+            what = f"{item} {key_node.value!r}"
             if isinstance(value_node, SequenceNode):
                 if not value_node.value:
                     self.problem(value_node, f"{what} has an empty list, which matches nothing; "
                                              "give at least one value")
-                values = [self.scalar(item, f"each value of {what}", allow_null=True)
-                          for item in value_node.value]
+                values = [self.value(item_node, what, self.scalar(item_node, f"each value of {what}",
+                                                                  allow_null=True))
+                          for item_node in value_node.value]
                 result[key] = tuple(values)
             elif isinstance(value_node, ScalarNode):
-                result[key] = (_text(value_node),)
+                result[key] = (self.value(value_node, what, _text(value_node)),)
             else:
                 self.problem(value_node, f"{what} must be a value, a list of values or null "
                                          f"(absent), found {_kind(value_node)}")
         return result
+
+    def value(self, node: Node, what: str, text: str | None) -> str | None:
+        """An accepted value in its canonical text; reports a bad comparison or glob (and
+        gives None: the view is not built)."""
+        if text is None:
+            return None
+        try:
+            return canonical_value(text)
+        except ValueError as exc:
+            self.problem(node, f"{what}: {exc}")
+            return None
 
     def options(self, rules: dict[str, Node], fields: dict, spelling: dict[str, str]) -> None:
         if "layout" in rules:
@@ -286,10 +360,10 @@ class _Parser:
                                             f"{object_glob!r} matches; use a prefix of {start!r}"
                                             + ("" if object_glob else f", or add object: '{root}*'"))
             fields["root"] = root
-        properties = fields.get("properties", {})
-        fields["set"] = default_set(properties, spelling)
+        accepting = {rule: fields.get(rule, {}) for rule in ("properties", "tags")}
+        fields["set"] = default_set(accepting["properties"], spelling, tags=accepting["tags"])
         if "set" in rules:
-            fields["set"] = self.set_option(rules["set"], properties)
+            fields["set"] = self.set_option(rules["set"], accepting)
         if "ttl" in rules:
             text = self.scalar(rules["ttl"], "`ttl`")
             fields["ttl"] = DEFAULT_TTL
@@ -305,7 +379,9 @@ class _Parser:
             else:
                 fields["writable"] = node.value.lower() == "true"
 
-    def set_option(self, node: Node, properties: dict[str, tuple[str | None, ...]]) -> dict[str, str]:
+    def set_option(self, node: Node, accepting: dict[str, dict[str, tuple[str | None, ...]]]) -> dict[str, str]:
+        """The `set` option; every value must satisfy the view's own `properties` and `tags`
+        rules on its key (files get them as tags)."""
         if not isinstance(node, MappingNode):
             self.problem(node, f"`set` must be a mapping of property names to values, found {_kind(node)}")
             return {}
@@ -321,11 +397,13 @@ class _Parser:
             value = self.scalar(value_node, f"`set` {key_node.value!r}")
             if value is None:
                 continue
-            wanted = properties.get(key)
-            if wanted is not None and not any(v is not None and glob_match(v, value) for v in wanted):
-                self.problem(value_node, f"`set` gives {key_node.value}={value!r}, but the view's "
-                                         f"properties accept only {list(wanted)!r}: files created in "
-                                         "the view would not belong to it")
+            for rule, rules in accepting.items():
+                wanted = rules.get(key)
+                if wanted is not None and not any(v is not None and value_accepts(v, value) for v in wanted):
+                    self.problem(value_node, f"`set` gives {key_node.value}={value!r}, but the view's "
+                                             f"{rule} accept only {list(wanted)!r}: files created in "
+                                             "the view would not belong to it")
+                    break
             result[key_node.value] = value
         return result
 

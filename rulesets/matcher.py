@@ -6,10 +6,14 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from . import _native
-from .globs import glob_match, is_literal, literal_prefix, literal_suffix, unescape
-from .model import ObjectInfo, TimeRule, View
+from .expressions import parse_comparison
+from .globs import expand_braces, glob_match, is_literal, literal_prefix, literal_suffix, unescape
+from .model import ObjectInfo, RuleBlock, TimeRule, View
 
 _TIME_KINDS = {"age": 1, "time": 2}
+# native/matcher.h: DFS_FROM_TAGS = 1, DFS_FROM_METADATA = 2; DFS_VALUE_GLOB = 1, DFS_VALUE_NUMBER = 2
+_SOURCES = {"properties": 3, "tags": 1, "metadata": 2}
+_VALUE_GLOB, _VALUE_NUMBER = 1, 2
 
 
 def _time_spec(rule: TimeRule | None):
@@ -18,16 +22,49 @@ def _time_spec(rule: TimeRule | None):
     return (_TIME_KINDS[rule.kind], rule.lo, rule.hi, rule.lo_open, rule.hi_open)
 
 
+def _value_spec(value: str | None):
+    if value is None:
+        return None
+    comparison = parse_comparison(value)
+    if comparison is None:
+        return (_VALUE_GLOB, expand_braces(value))
+    return (_VALUE_NUMBER, comparison.lo, comparison.lo_open, comparison.hi, comparison.hi_open)
+
+
+def _block_spec(block: RuleBlock) -> tuple:
+    """The tuple native.Matcher compiles for a block (see block_of in native/module.c)."""
+    size_lo, size_hi = block.size if block.size is not None else (0, None)
+    properties = tuple((key, _SOURCES[rule], tuple(_value_spec(v) for v in values))
+                       for rule, key, values in block.property_rules())
+    return (None if block.object is None else expand_braces(block.object), size_lo, size_hi,
+            _time_spec(block.modified), properties)
+
+
+def _index_keys(object_glob: str | None) -> tuple[bool, tuple[str, ...]]:
+    """(by suffix, keys): the literal prefixes, or suffixes, of the glob's brace alternatives
+    (whichever end is longer at its shortest), none an extension of another, so that a key
+    starts (ends) with at most one of them and the index finds the view once."""
+    if object_glob is None:
+        return False, ("",)
+    alternatives = expand_braces(object_glob)
+    prefixes = [literal_prefix(a, braces=False) for a in alternatives]
+    suffixes = [literal_suffix(a, braces=False) for a in alternatives]
+    by_suffix = min(map(len, suffixes)) > min(map(len, prefixes))
+    kept: list[str] = []
+    for key in sorted(set(suffixes if by_suffix else prefixes), key=len):
+        if not any((key.endswith(k) if by_suffix else key.startswith(k)) for k in kept):
+            kept.append(key)
+    return by_suffix, tuple(kept)
+
+
 def _view_spec(view: View) -> tuple:
     """The tuple native.Matcher compiles (see view_of in native/module.c)."""
     bucket_is_glob = not is_literal(view.bucket)
-    bucket = view.bucket if bucket_is_glob else unescape(view.bucket)
-    prefix = literal_prefix(view.object) if view.object is not None else ""
-    suffix = literal_suffix(view.object) if view.object is not None else ""
-    size_lo, size_hi = view.size if view.size is not None else (0, None)
-    properties = tuple((key, tuple(values)) for key, values in view.properties.items())
-    return (bucket, bucket_is_glob, view.object, prefix, suffix, size_lo, size_hi,
-            _time_spec(view.modified), _time_spec(view.accessed), properties)
+    bucket = expand_braces(view.bucket) if bucket_is_glob else (unescape(view.bucket),)
+    by_suffix, keys = _index_keys(view.object)
+    return (bucket_is_glob, bucket, by_suffix, keys, _block_spec(view.rules),
+            tuple(_block_spec(block) for block in view.any_of),
+            tuple(_block_spec(block) for block in view.none_of))
 
 
 class Matcher:
@@ -36,10 +73,12 @@ class Matcher:
     def __init__(self, views: Sequence[View]):
         self.views = tuple(views)
         self._native = _native.Matcher([_view_spec(view) for view in self.views])
-        self.property_keys = frozenset(key for view in self.views for key in view.properties)
+        self.property_keys = frozenset(key for view in self.views for block in view.blocks
+                                       for _, key, _ in block.property_rules())
         # answers per bucket name are cached: the handler asks for every event
         self.names_bucket = lru_cache(maxsize=4096)(self._names_bucket)
         self.needs_tags = lru_cache(maxsize=4096)(self._needs_tags)
+        self.needs_metadata = lru_cache(maxsize=4096)(self._needs_metadata)
 
     def match(self, obj: ObjectInfo, now: float | None = None) -> list[int]:
         """Indices of the views `obj` matches, ascending."""
@@ -49,9 +88,31 @@ class Matcher:
         """match() for each object, in one call that releases the GIL while matching."""
         return self._native.match_batch(objs, time.time() if now is None else now)
 
+    def match_partial(self, obj: ObjectInfo, now: float | None = None) -> tuple[list[int], list[int]]:
+        """For an object whose tags are not known yet (``obj.tags`` is ignored; its key,
+        size, mtime and metadata are used): the views it matches whatever its tags are, and
+        the views whose answer may depend on them. Every other view does not match it
+        whatever its tags are. Both ascending."""
+        return self.match_partial_batch([obj], now)[0]
+
+    def match_partial_batch(self, objs: Sequence[ObjectInfo], now: float | None = None
+                            ) -> list[tuple[list[int], list[int]]]:
+        """match_partial() for each object, in one call that releases the GIL."""
+        return self._native.match_partial_batch(objs, time.time() if now is None else now)
+
+    def tags_could_matter(self, obj: ObjectInfo, now: float | None = None) -> bool:
+        """True when match_partial(obj) has undecided views: fetch the object's tags
+        before matching it. False: match(obj) with no tags is its answer whatever its tags."""
+        return self.tags_could_matter_batch([obj], now)[0]
+
+    def tags_could_matter_batch(self, objs: Sequence[ObjectInfo], now: float | None = None) -> list[bool]:
+        """tags_could_matter() for each object, in one call that releases the GIL; cheaper
+        than match_partial_batch (no lists, stops at the first undecided view)."""
+        return self._native.tags_could_matter_batch(objs, time.time() if now is None else now)
+
     def next_flip(self, obj: ObjectInfo, now: float | None = None) -> float | None:
         """Earliest epoch time > now at which match(obj) can change by time alone (relative
-        `modified`/`accessed` rules), or None. At that time match() gives the new answer."""
+        `modified` rules), or None. At that time match() gives the new answer."""
         return self._native.next_flip(obj, time.time() if now is None else now)
 
     def _views_on(self, bucket: str):
@@ -62,8 +123,14 @@ class Matcher:
         return any(True for _ in self._views_on(bucket))
 
     def _needs_tags(self, bucket: str) -> bool:
-        """True when tags can change an answer for `bucket`: some view on it has properties."""
-        return any(view.properties for view in self._views_on(bucket))
+        """True when tags can change an answer for `bucket`: some view on it has a rule
+        that reads tags (`properties` or `tags`, anywhere in the view)."""
+        return any(view.reads_tags for view in self._views_on(bucket))
+
+    def _needs_metadata(self, bucket: str) -> bool:
+        """True when user metadata can change an answer for `bucket` (`properties` or
+        `metadata` rules)."""
+        return any(view.reads_metadata for view in self._views_on(bucket))
 
 
 def compile_views(views: Sequence[View]) -> Matcher:

@@ -4,16 +4,25 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 DEFAULT_TTL = 2.0
 
 # The rules that select objects; everything else in a view is an option of the mount.
-FILTER_KEYS = ("bucket", "object", "size", "modified", "accessed", "properties")
-
+# `accessed` is never set: it stays in specs as null so that the ids of views registered
+# before it was refused stay the same.
+FILTER_KEYS = ("bucket", "object", "size", "modified", "accessed", "properties", "tags", "metadata",
+               "any", "not")
+# The rules of a block of `any`/`not` (and of a view's top level, besides `bucket`).
+BLOCK_KEYS = ("object", "size", "modified", "properties", "tags", "metadata")
+# Where each property rule looks for a key: S3 tags, user metadata (x-amz-meta-*), or either.
+PROPERTY_RULES = {"properties": ("tags", "metadata"), "tags": ("tags",), "metadata": ("metadata",)}
+ACCESSED_REFUSED = ("S3 records no access time, so no rule can select by it; use `modified` "
+                    "(the time of the last write) instead")
 
 @dataclass(frozen=True)
 class TimeRule:
-    """A `modified`/`accessed` rule: an interval over an age (``kind="age"``, seconds
+    """A `modified` rule: an interval over an age (``kind="age"``, seconds
     before now) or over a time stamp (``kind="time"``, epoch seconds). ``lo``/``hi`` of
     None are unbounded; ``lo_open``/``hi_open`` make a bound exclusive."""
 
@@ -57,13 +66,82 @@ class TimeRule:
         return cls(spec["kind"], bounds[0], bounds[1], flags[0], flags[1])
 
 
+PropertyRules = dict[str, tuple[str | None, ...]]
+
+
+@dataclass(frozen=True)
+class RuleBlock:
+    """Rules that must all hold: a view's top-level rules (View.rules) or one block of its
+    `any`/`not`. Property rules map a lowercased key to the accepted values: globs or numeric
+    comparisons (expressions.parse_comparison) as text, None for "the key is absent"."""
+
+    object: str | None = None
+    size: tuple[int, int | None] | None = None
+    modified: TimeRule | None = None
+    properties: PropertyRules = field(default_factory=dict)
+    tags: PropertyRules = field(default_factory=dict)
+    metadata: PropertyRules = field(default_factory=dict)
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.spec(), sort_keys=True))
+
+    @property
+    def is_time_dependent(self) -> bool:
+        return self.modified is not None and self.modified.is_relative
+
+    @property
+    def reads_tags(self) -> bool:
+        return bool(self.properties or self.tags)
+
+    @property
+    def reads_metadata(self) -> bool:
+        return bool(self.properties or self.metadata)
+
+    def property_rules(self):
+        """(rule name, key, accepted values) of every property rule, in the PROPERTY_RULES order."""
+        for name in PROPERTY_RULES:
+            for key, values in getattr(self, name).items():
+                yield name, key, values
+
+    def spec(self) -> dict:
+        """The rules that are set, canonical and JSON-serialisable."""
+        spec = {}
+        if self.object is not None:
+            spec["object"] = self.object
+        if self.size is not None:
+            spec["size"] = [self.size[0], self.size[1]]
+        if self.modified is not None:
+            spec["modified"] = self.modified.spec()
+        for name in PROPERTY_RULES:
+            rules = getattr(self, name)
+            if rules:
+                spec[name] = {key: _canonical_values(values) for key, values in sorted(rules.items())}
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: dict, what: str = "a block") -> "RuleBlock":
+        if not isinstance(spec, dict):
+            raise ValueError(f"{what} must be a mapping of rules")
+        _refuse_accessed(spec, what)
+        unknown = sorted(set(spec) - set(BLOCK_KEYS) - {"accessed"})
+        if unknown:
+            raise ValueError(f"unknown keys {unknown} in {what}; allowed: {', '.join(BLOCK_KEYS)}")
+        if not any(spec.get(key) for key in BLOCK_KEYS):
+            raise ValueError(f"{what} has no rule; give at least one of {', '.join(BLOCK_KEYS)}")
+        return cls(object=_object_of(spec.get("object")), size=_size_of(spec.get("size")),
+                   modified=_time_rule_of(spec.get("modified"), "modified"),
+                   **{name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES})
+
+
 @dataclass(frozen=True)
 class View:
     """One view of a views file.
 
     ``size`` is ``(lo, hi)`` in bytes, both inclusive; ``hi`` is None when unbounded.
-    ``properties`` maps a lowercased key to the accepted values (globs); a None value
-    means "the key is absent". ``set`` keeps the keys' spelling from the file.
+    ``properties``, ``tags`` and ``metadata`` are property rules (see RuleBlock). An object
+    belongs to the view when these top-level rules hold, at least one block of ``any_of``
+    holds (when there are any) and no block of ``none_of`` holds. ``set`` keeps the keys'
+    spelling from the file.
     """
 
     name: str
@@ -71,8 +149,11 @@ class View:
     object: str | None = None
     size: tuple[int, int | None] | None = None
     modified: TimeRule | None = None
-    accessed: TimeRule | None = None
-    properties: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
+    properties: PropertyRules = field(default_factory=dict)
+    tags: PropertyRules = field(default_factory=dict)
+    metadata: PropertyRules = field(default_factory=dict)
+    any_of: tuple[RuleBlock, ...] = ()
+    none_of: tuple[RuleBlock, ...] = ()
     layout: str = "tree"
     root: str = ""
     set: dict[str, str] = field(default_factory=dict)
@@ -82,21 +163,53 @@ class View:
     def __hash__(self) -> int:
         return hash((self.name, view_id(self.filter_spec())))
 
+    @cached_property
+    def rules(self) -> RuleBlock:
+        """The top-level rules besides `bucket`."""
+        return RuleBlock(self.object, self.size, self.modified, self.properties, self.tags, self.metadata)
+
+    @cached_property
+    def blocks(self) -> tuple[RuleBlock, ...]:
+        """Every block of rules: the top level, then `any`, then `not`."""
+        return (self.rules,) + self.any_of + self.none_of
+
     @property
     def is_time_dependent(self) -> bool:
         """True when the view's answer can change with time alone (relative ages)."""
-        return any(rule is not None and rule.is_relative for rule in (self.modified, self.accessed))
+        return any(block.is_time_dependent for block in self.blocks)
+
+    @property
+    def reads_tags(self) -> bool:
+        """True when some rule can read S3 tags (a `properties` or `tags` rule anywhere)."""
+        return any(block.reads_tags for block in self.blocks)
+
+    @property
+    def reads_metadata(self) -> bool:
+        """True when some rule can read user metadata (`properties` or `metadata`)."""
+        return any(block.reads_metadata for block in self.blocks)
 
     def filter_spec(self) -> dict:
-        """The filter rules only, canonical and JSON-serialisable (see view_id)."""
-        return {
+        """The filter rules only, canonical and JSON-serialisable (see view_id). The keys of
+        the first version are always there and the newer ones only when set, so that views
+        that use none of them keep their ids."""
+        spec = {
             "bucket": self.bucket,
             "object": self.object,
             "size": None if self.size is None else [self.size[0], self.size[1]],
             "modified": None if self.modified is None else self.modified.spec(),
-            "accessed": None if self.accessed is None else self.accessed.spec(),
+            "accessed": None,
             "properties": {key: _canonical_values(values) for key, values in sorted(self.properties.items())},
         }
+        rules = self.rules.spec()
+        for name in ("tags", "metadata"):
+            if name in rules:
+                spec[name] = rules[name]
+        for name, blocks in (("any", self.any_of), ("not", self.none_of)):
+            if blocks:
+                # blocks are a set, like accepted values
+                texts = sorted({json.dumps(block.spec(), sort_keys=True, ensure_ascii=False) for block in blocks})
+                spec[name] = [json.loads(text) for text in texts]
+        return spec
 
     @classmethod
     def from_filter_spec(cls, name: str, spec: dict) -> "View":
@@ -107,40 +220,38 @@ class View:
         unknown = sorted(set(spec) - set(FILTER_KEYS))
         if unknown:
             raise ValueError(f"unknown filter keys {unknown}; allowed: {', '.join(FILTER_KEYS)}")
-        bucket, obj = spec.get("bucket"), spec.get("object")
+        _refuse_accessed(spec, "a view")
+        bucket = spec.get("bucket")
         if not isinstance(bucket, str) or not bucket:
             raise ValueError("`bucket` must be a non-empty string")
-        if obj is not None and not isinstance(obj, str):
-            raise ValueError("`object` must be a string or null")
-        size = spec.get("size")
-        if size is not None:
-            if (not isinstance(size, (list, tuple)) or len(size) != 2
-                    or not all(isinstance(b, int) and not isinstance(b, bool) for b in (size[0],))
-                    or not (size[1] is None or (isinstance(size[1], int) and not isinstance(size[1], bool)))
-                    or size[0] < 0 or (size[1] is not None and size[1] < size[0])
-                    or max(size[0], size[1] or 0) > 2**63 - 1):
-                raise ValueError("`size` must be [lo, hi] with 0 <= lo <= hi < 2^63 (hi null: unbounded)")
-            size = (size[0], size[1])
-        properties_spec = spec.get("properties") or {}
-        if not isinstance(properties_spec, dict):
-            raise ValueError("`properties` must map names to lists of values")
-        properties = {}
-        for key, values in properties_spec.items():
-            if (not isinstance(key, str) or not isinstance(values, (list, tuple)) or not values
-                    or not all(v is None or isinstance(v, str) for v in values)):
-                raise ValueError(f"property {key!r} must map to a non-empty list of strings or nulls")
-            properties[key.lower()] = tuple(values)
+        rules = {name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES}
+        blocks = {}
+        for key in ("any", "not"):
+            value = spec.get(key)
+            if value is None:
+                blocks[key] = ()
+                continue
+            if not isinstance(value, list) or not value:
+                raise ValueError(f"`{key}` must be a non-empty list of rule blocks")
+            blocks[key] = tuple(RuleBlock.from_spec(block, f"a block of `{key}`") for block in value)
+        obj = _object_of(spec.get("object"))
         return cls(
             name=name,
             bucket=bucket,
             object=obj,
-            size=size,
+            size=_size_of(spec.get("size")),
             modified=_time_rule_of(spec.get("modified"), "modified"),
-            accessed=_time_rule_of(spec.get("accessed"), "accessed"),
-            properties=properties,
+            any_of=blocks["any"],
+            none_of=blocks["not"],
             root=default_root(obj),
-            set=default_set(properties),
+            set=default_set(rules["properties"], tags=rules["tags"]),
+            **rules,
         )
+
+
+def _refuse_accessed(spec: dict, what: str) -> None:
+    if spec.get("accessed") is not None:
+        raise ValueError(f"`accessed` in {what}: {ACCESSED_REFUSED}")
 
 
 def _time_rule_of(spec, what: str) -> TimeRule | None:
@@ -154,10 +265,81 @@ def _time_rule_of(spec, what: str) -> TimeRule | None:
         raise ValueError(f"`{what}`: {exc}") from None
 
 
+def _object_of(obj) -> str | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, str):
+        raise ValueError("`object` must be a string or null")
+    check_glob(obj)
+    return obj
+
+
+def _size_of(size) -> tuple[int, int | None] | None:
+    if size is None:
+        return None
+    if (not isinstance(size, (list, tuple)) or len(size) != 2
+            or not (isinstance(size[0], int) and not isinstance(size[0], bool))
+            or not (size[1] is None or (isinstance(size[1], int) and not isinstance(size[1], bool)))
+            or size[0] < 0 or (size[1] is not None and size[1] < size[0])
+            or max(size[0], size[1] or 0) > 2**63 - 1):
+        raise ValueError("`size` must be [lo, hi] with 0 <= lo <= hi < 2^63 (hi null: unbounded)")
+    return size[0], size[1]
+
+
+_RULE_ITEM = {"properties": "property", "tags": "tag", "metadata": "metadata key"}
+
+
+def _property_rules_of(spec, what: str) -> PropertyRules:
+    if spec is None:
+        return {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"`{what}` must map names to lists of values")
+    rules = {}
+    for key, values in spec.items():
+        if (not isinstance(key, str) or not isinstance(values, (list, tuple)) or not values
+                or not all(v is None or isinstance(v, str) for v in values)):
+            raise ValueError(f"{_RULE_ITEM[what]} {key!r} must map to a non-empty list of strings or nulls")
+        try:
+            rules[key.lower()] = tuple(None if v is None else canonical_value(v) for v in values)
+        except ValueError as exc:
+            raise ValueError(f"`{what}` {key!r}: {exc}") from None
+    return rules
+
+
+def canonical_value(text: str) -> str:
+    """An accepted property value as written canonically: a comparison in one spelling
+    (">=3" is ">= 3"), a glob as it is. ValueError for a bad comparison or glob."""
+    from .expressions import parse_comparison
+
+    comparison = parse_comparison(text)
+    if comparison is not None:
+        return comparison.text
+    check_glob(text)
+    return text
+
+
+def value_accepts(accepted: str, value: str) -> bool:
+    """True when an accepted value of a property rule (a glob or a comparison, as
+    canonical_value gives it) accepts the property value `value`."""
+    from .expressions import parse_comparison
+    from .globs import glob_match
+
+    comparison = parse_comparison(accepted)
+    return comparison.accepts(value) if comparison is not None else glob_match(accepted, value)
+
+
+def check_glob(pattern: str) -> None:
+    """ValueError when the matcher cannot take `pattern` (braces expand too far)."""
+    from .globs import expand_braces
+
+    expand_braces(pattern)
+
+
 @dataclass(slots=True)
 class ObjectInfo:
     """What the matcher knows about one object. ``metadata`` keys come without the
-    ``x-amz-meta-`` prefix. ``atime`` None means "never read since written" (mtime is used)."""
+    ``x-amz-meta-`` prefix. ``atime`` is read by no rule (S3 records no access time); it
+    stays because callers pass tags and metadata after it by position."""
 
     bucket: str
     key: str
@@ -189,14 +371,18 @@ def default_root(object_glob: str | None) -> str:
     return prefix[: prefix.rfind("/") + 1]
 
 
-def default_set(properties: dict[str, tuple[str | None, ...]],
-                spelling: dict[str, str] | None = None) -> dict[str, str]:
-    """Properties that files created in a view get by default: every property rule with
-    a single, literal, non-null value (the only ones a new file can satisfy by itself)."""
+def default_set(properties: PropertyRules, spelling: dict[str, str] | None = None,
+                tags: PropertyRules | None = None) -> dict[str, str]:
+    """Properties that files created in a view get by default (as tags): every `properties`
+    or `tags` rule with a single, literal, non-null value (the only ones a new file can
+    satisfy by itself; a comparison is not literal)."""
+    from .expressions import parse_comparison
     from .globs import is_literal, unescape
 
     result = {}
-    for key, values in properties.items():
-        if len(values) == 1 and values[0] is not None and is_literal(values[0]):
-            result[(spelling or {}).get(key, key)] = unescape(values[0])
+    for rules in (properties, tags or {}):
+        for key, values in rules.items():
+            value = values[0] if len(values) == 1 else None
+            if value is not None and parse_comparison(value) is None and is_literal(value):
+                result[(spelling or {}).get(key, key)] = unescape(value)
     return result

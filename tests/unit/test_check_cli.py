@@ -12,7 +12,7 @@ fastq:
   object: "run42/*.fastq"
   properties: {stage: raw}
 big:
-  bucket: "runs*"
+  bucket: runs
   size: ">= 1 MiB"
 fresh:
   bucket: runs
@@ -33,7 +33,7 @@ def test_valid_file_prints_a_summary_per_view(views_file, capsys):
     lines = out.splitlines()
     assert lines[0] == ("fastq: bucket runs; object run42/*.fastq; stage = raw "
                         "(tree, root 'run42/', ttl 2s, writable, set stage=raw)")
-    assert lines[1].startswith("big: bucket runs*; size >= 1048576 B")
+    assert lines[1].startswith("big: bucket runs; size >= 1048576 B")
     assert lines[2].startswith("fresh: bucket runs; modified age < 1w")
     assert lines[3] == f"{views_file}: 3 views, valid" and err == ""
 
@@ -46,8 +46,8 @@ def test_invalid_file_reports_every_problem_and_exits_1(tmp_path, capsys):
     assert out == ""
     assert err.splitlines() == [
         f"{path}:3:3: unknown key 'sise' in view 'a'; did you mean 'size'? allowed: bucket, object, "
-        "size, modified, accessed, properties, layout, root, set, ttl, writable",
-        f"{path}:4:1: view 'b' has no `bucket`; every view needs one (a bucket name or a glob such as 'runs-*')",
+        "size, modified, properties, tags, metadata, any, not, layout, root, set, ttl, writable",
+        f"{path}:4:1: view 'b' has no `bucket`; every view needs one (the name of an S3 bucket, such as 'runs')",
     ]
 
 
@@ -67,7 +67,7 @@ def test_objects_get_one_json_line_each(views_file, tmp_path, capsys):
     assert [json.loads(line) for line in out.splitlines()] == [
         {"bucket": "runs", "key": "run42/a.fastq", "views": ["big", "fastq", "fresh"]},
         {"bucket": "runs", "key": "run42/a.fastq", "views": ["fastq"]},
-        {"bucket": "runs-b", "key": "x", "views": ["big"]},
+        {"bucket": "runs-b", "key": "x", "views": []},
         {"bucket": "logs", "key": "é", "views": []},
     ]
     assert err == ""
@@ -117,3 +117,49 @@ def test_missing_files(tmp_path, capsys):
     views.write_text(VIEWS)
     assert main(["check", str(views), "--objects", str(tmp_path / "none.jsonl")]) == 1
     assert "cannot read the objects file" in capsys.readouterr().err
+
+
+def test_bucket_globs_and_accessed_are_refused_where_they_are_written(tmp_path, capsys):
+    path = tmp_path / "views.yaml"
+    path.write_text("all:\n  bucket: 'runs-*'\nold:\n  bucket: runs\n  accessed: '> 30d'\n")
+    assert main(["check", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"{path}:2:11: bucket 'runs-*' is a glob: bucket globs are not supported by the handler yet; "
+        "name the bucket (one view per bucket)",
+        f"{path}:5:3: `accessed` in view 'old' cannot be used: S3 records no access time, so no rule can "
+        "select by it; use `modified` (the time of the last write) instead",
+    ]
+
+
+def test_the_richer_rules_summarised_and_matched(tmp_path, capsys):
+    views = tmp_path / "views.yaml"
+    views.write_text("""\
+reads:
+  bucket: runs
+  object: "*.{fastq,fq}.gz"
+  properties: {lane: ">= 3"}
+  tags: {stage: [raw, ~]}
+  metadata: {score: "0.5 .. 1"}
+  any: [{size: "> 1"}, {tags: {keep: "yes"}}]
+  not: {object: "tmp/*"}
+""")
+    assert main(["check", str(views)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "reads: bucket runs; object *.{fastq,fq}.gz; lane >= 3; tag stage in [raw, (absent)]; "
+        "metadata score 0.5 .. 1; any of (size >= 2 B) | (tag keep = yes); none of (object tmp/*) "
+        "(tree, root '', ttl 2s, writable)")
+    objects = tmp_path / "objects.jsonl"
+    records = [
+        {"key": "a.fq.gz", "size": 5, "tags": {"lane": 3}, "metadata": {"score": "0.75"}},
+        {"key": "a.fastq.gz", "size": 1, "tags": {"keep": "yes", "stage": "raw"}, "metadata": {"lane": "10", "score": 1}},
+        {"key": "tmp/a.fq.gz", "size": 5, "tags": {"lane": 3}, "metadata": {"score": "0.75"}},
+        {"key": "a.fq.gz", "size": 5, "tags": {"lane": 3, "stage": "cooked"}, "metadata": {"score": "0.75"}},
+        {"key": "a.fq.gz", "size": 5, "tags": {"lane": "three"}, "metadata": {"score": "0.75"}},
+        {"key": "a.fq.gz", "size": 5, "metadata": {"lane": 3, "x-amz-meta-score": "2"}},
+    ]
+    objects.write_text("".join(json.dumps({"bucket": "runs", "mtime": 0, **r}) + "\n" for r in records))
+    assert main(["check", str(views), "--objects", str(objects)]) == 0
+    assert [json.loads(line)["views"] for line in capsys.readouterr().out.splitlines()] == [
+        ["reads"], ["reads"], [], [], [], []]

@@ -1,9 +1,13 @@
-"""Size, time and duration expressions."""
+"""Size, time and duration expressions, and numeric comparisons of property values."""
 from datetime import datetime, timezone
+from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rulesets.expressions import parse_duration, parse_size, parse_time
+from rulesets.expressions import (NumberRange, compare_decimals, decimal_parts, parse_comparison,
+                                  parse_duration, parse_size, parse_time)
 from rulesets.model import TimeRule
 
 
@@ -97,3 +101,55 @@ def test_durations(text, seconds):
 def test_bad_duration():
     with pytest.raises(ValueError, match="ms, s, m or h"):
         parse_duration("2 days")
+
+
+@pytest.mark.parametrize("text,comparison", [
+    (">= 3", NumberRange(lo="3")),
+    (">=3", NumberRange(lo="3")),
+    ("> -1.5", NumberRange(lo="-1.5", lo_open=True)),
+    ("<= 2e3", NumberRange(hi="2e3")),
+    ("< .5", NumberRange(hi=".5", hi_open=True)),
+    ("0.5 .. 1", NumberRange(lo="0.5", hi="1")),
+    ("1..1", NumberRange(lo="1", hi="1")),
+    ("-3 .. -1", NumberRange(lo="-3", hi="-1")),
+    # not comparisons: globs
+    ("3", None), ("a .. b", None), ("1 .. x", None), ("\\> 2", None), ("=3", None), ("*", None),
+])
+def test_comparisons(text, comparison):
+    assert parse_comparison(text) == comparison
+
+
+@pytest.mark.parametrize("text,complaint", [
+    ("> x", "'> x' starts with '>', but 'x' is not a number"),
+    ("<", "incomplete comparison"),
+    (">= 1 KiB", "but '1 KiB' is not a number"),
+    ("2 .. 1", "matches no value (empty range)"),
+    ("> 1e10000", "exponent of '1e10000' in '> 1e10000' is too large"),
+])
+def test_bad_comparisons_say_what_is_allowed_and_how_to_write_a_literal(text, complaint):
+    with pytest.raises(ValueError) as caught:
+        parse_comparison(text)
+    assert complaint in str(caught.value) and "written with a backslash: '\\> 2'" in str(caught.value)
+
+
+def test_comparisons_accept_numbers_only_and_exactly():
+    lane = parse_comparison(">= 3")
+    assert [lane.accepts(v) for v in ("3", "3.0", "+3", "30e-1", "2.999", "10", "x", "3 ", "", "inf", "٣")] == [
+        True, True, True, True, False, True, False, False, False, False, False]
+    score = parse_comparison("0.5 .. 1")
+    assert [score.accepts(v) for v in ("0.5", ".5", "1", "1.0000000000000000001", "0.4999", "-0.7")] == [
+        True, True, True, False, False, False]
+    assert parse_comparison("< 0").accepts("-0.0001") and not parse_comparison("< 0").accepts("-0")
+    assert [parse_comparison(t).text for t in (">=3", "<1", " 1..2 ")] == [">= 3", "< 1", "1 .. 2"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.decimals(allow_nan=False, allow_infinity=False, places=None).map(str),
+       st.decimals(allow_nan=False, allow_infinity=False).map(str))
+def test_decimal_order_is_the_exact_order(a, b):
+    parts_a, parts_b = decimal_parts(a), decimal_parts(b)
+    if parts_a is None or parts_b is None:   # "1E+2" style is a number; "-Infinity" is not drawn
+        return
+    x, y = Fraction(a), Fraction(b)
+    assert compare_decimals(parts_a, parts_b) == (x > y) - (x < y)
+    assert decimal_parts(str(x.numerator)) == decimal_parts(a) or x.denominator != 1

@@ -24,7 +24,6 @@ def test_a_full_view():
           object: "gecko/*.fasta"
           size: ">= 1 KiB"
           modified: "< 7d"
-          accessed: "> 1h"
           properties:
             Color: [black, green]
             sample: "S1*"
@@ -37,7 +36,6 @@ def test_a_full_view():
     assert view.name == "gecko" and view.bucket == "genomes" and view.object == "gecko/*.fasta"
     assert view.size == (1024, None)
     assert view.modified.kind == "age" and view.modified.hi == 7 * 86400
-    assert view.accessed.lo == 3600 and view.accessed.lo_open
     assert view.properties == {"color": ("black", "green"), "sample": ("S1*",)}
     assert (view.layout, view.root, view.set, view.ttl, view.writable) == (
         "flat", "gecko/", {"color": "green"}, 0.5, False)
@@ -50,7 +48,7 @@ def test_defaults_and_file_order():
           object: "run42/lane[0-9]/*.fastq"
           properties: {stage: raw, Lane: 2, sample: "S*", gone: ~, color: [a, b], esc: "a\\\\*"}
         alpha:
-          bucket: "runs-*"
+          bucket: "runs-2"
     """)
     assert [first.name, second.name] == ["zeta", "alpha"]
     assert first.root == "run42/"                 # literal start of object, cut at its last /
@@ -109,7 +107,7 @@ def test_every_problem_is_reported_at_once_with_its_place():
     """)
     assert problems == [
         "views.yaml:4:3: unknown key 'objct' in view 'gecko'; did you mean 'object'? allowed: bucket, "
-        "object, size, modified, accessed, properties, layout, root, set, ttl, writable",
+        "object, size, modified, properties, tags, metadata, any, not, layout, root, set, ttl, writable",
         "views.yaml:5:9: bad `size`: cannot read 'huge' as a number with a unit; allowed: \"< N\", "
         "\"<= N\", \"> N\", \">= N\", \"N .. M\" (inclusive) or \"N\" (exactly), where N is bytes or a "
         "number with a unit B, KiB, MiB, GiB, TiB, KB, MB, GB, TB",
@@ -121,8 +119,8 @@ def test_every_problem_is_reported_at_once_with_its_place():
         "case-insensitively): a key may appear once; to accept several values write a list: "
         "color: [black, green]",
         "views.yaml:11:11: unknown layout 'tre'; allowed: tree, flat",
-        "views.yaml:12:1: view 'nobucket' has no `bucket`; every view needs one (a bucket name or a "
-        "glob such as 'runs-*')",
+        "views.yaml:12:1: view 'nobucket' has no `bucket`; every view needs one (the name of an S3 "
+        "bucket, such as 'runs')",
     ]
 
 
@@ -206,4 +204,102 @@ def test_load_views_reads_files_and_reports_unreadable_ones(tmp_path):
     with pytest.raises(ViewsError) as caught:
         load_views(path)
     assert caught.value.problems == [Problem(str(path), 1, 1, "view 'v' has no `bucket`; every view "
-                                             "needs one (a bucket name or a glob such as 'runs-*')")]
+                                             "needs one (the name of an S3 bucket, such as 'runs')")]
+
+
+def test_any_not_tags_metadata_braces_and_comparisons():
+    (view,) = views_of("""
+        reads:
+          bucket: runs
+          object: "run42/*.{fastq,fq}.gz"
+          properties: {lane: ">=3", ratio: "0.5..1", literal: '\\> 2'}
+          tags: {Stage: raw}
+          metadata: {score: "< 1e3"}
+          any:
+            - {size: "> 1 MiB"}
+            - tags: {keep: "yes"}
+              modified: "< 1d"
+          not: {object: "*/tmp/*"}
+    """)
+    assert view.object == "run42/*.{fastq,fq}.gz" and view.root == "run42/"
+    assert view.properties == {"lane": (">= 3",), "ratio": ("0.5 .. 1",), "literal": ("\\> 2",)}
+    assert view.tags == {"stage": ("raw",)} and view.metadata == {"score": ("< 1e3",)}
+    assert [block.spec() for block in view.any_of] == [
+        {"size": [2**20 + 1, None]},
+        {"modified": {"kind": "age", "lo": None, "hi": 86400.0, "lo_open": False, "hi_open": True},
+         "tags": {"keep": ["yes"]}}]
+    assert [block.object for block in view.none_of] == ["*/tmp/*"]
+    # files get the single literal values of `properties` and `tags`; a comparison is none
+    assert view.set == {"literal": "> 2", "Stage": "raw"}
+    assert view.reads_tags and view.reads_metadata and view.is_time_dependent
+
+
+def test_accessed_is_refused_where_it_is_written():
+    problems = problems_of("""
+        v:
+          bucket: runs
+          accessed: "< 7d"
+          any:
+            - {accessed: "> 1h", size: 1}
+    """)
+    assert problems == [
+        "views.yaml:4:3: `accessed` in view 'v' cannot be used: S3 records no access time, so no rule "
+        "can select by it; use `modified` (the time of the last write) instead",
+        "views.yaml:6:8: `accessed` in block 1 of `any` in view 'v' cannot be used: S3 records no access "
+        "time, so no rule can select by it; use `modified` (the time of the last write) instead",
+    ]
+
+
+@pytest.mark.parametrize("bucket", ["runs-*", "lab-?", "[ab]-runs", "runs-{a,b}", "run\\\\s"])
+def test_bucket_globs_are_refused_like_the_handler_does(bucket):
+    (problem,) = problems_of(f'v: {{object: "*", bucket: "{bucket}"}}')
+    assert problem.startswith("views.yaml:1:26: bucket ") and problem.endswith(
+        " is a glob: bucket globs are not supported by the handler yet; name the bucket (one view per bucket)")
+
+
+@pytest.mark.parametrize("text,where,complaint", [
+    ("v: {bucket: runs, any: {size: 1}}", "1:24", "`any` in view 'v' must be a list of blocks of rules, "
+                                                  "like `any: [{object: '*.bam'}, {size: '> 1 GiB'}]`; found a mapping"),
+    ("v: {bucket: runs, any: []}", "1:24", "`any` in view 'v' has an empty list"),
+    ("v: {bucket: runs, not: []}", "1:24", "`not` in view 'v' has an empty list; give one block of rules or a list"),
+    ("v: {bucket: runs, not: x}", "1:24", "`not` in view 'v' must be one block of rules or a list of blocks"),
+    ("v: {bucket: runs, any: [x]}", "1:25", "block 1 of `any` in view 'v' must be a mapping of rules (object, "
+                                            "size, modified, properties, tags, metadata), found 'x'"),
+    ("v: {bucket: runs, any: [{size: 1}, {}]}", "1:36", "block 2 of `any` in view 'v' has no rule"),
+    ("v: {bucket: runs, not: {objet: x}}", "1:25", "unknown key 'objet' in block 1 of `not` in view 'v'; "
+                                                   "did you mean 'object'? allowed: object, size, modified, "
+                                                   "properties, tags, metadata"),
+    ("v: {bucket: runs, not: {bucket: x}}", "1:25", "unknown key 'bucket' in block 1 of `not`"),
+    ("v: {bucket: runs, any: [{size: 1, size: 2}]}", "1:35", "duplicate key 'size' in block 1 of `any`"),
+    ("v: {bucket: runs, any: [{size: huge}]}", "1:32", "bad `size`: cannot read 'huge'"),
+    ("v: {bucket: runs, properties: {lane: '> three'}}", "1:38", "property 'lane': '> three' starts with '>', "
+                                                                "but 'three' is not a number; allowed:"),
+    ("v: {bucket: runs, tags: {lane: [x, '<']}}", "1:36", "tag 'lane': incomplete comparison '<'"),
+    ("v: {bucket: runs, metadata: {n: '2 .. 1'}}", "1:33", "metadata key 'n': '2 .. 1' matches no value "
+                                                          "(empty range)"),
+    ("v: {bucket: runs, tags: {n: '> 1e12345'}}", "1:29", "the exponent of '1e12345' in '> 1e12345' is too large"),
+    ("v: {bucket: runs, tags: [a]}", "1:25", "`tags` must be a mapping of tag names to values, found a list"),
+    ("v: {bucket: runs, metadata: {a: x, A: y}}", "1:36", "duplicate metadata key 'A'"),
+    ("v: {bucket: runs, object: '{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}'}", "1:27",
+     "`object` '{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}': braces expand to more than 256 alternatives; "
+     "allowed: at most 256"),
+    ("v: {bucket: runs, tags: {n: '>= 3'}, set: {n: 2}}", "1:47", "`set` gives n='2', but the view's tags "
+                                                                  "accept only ['>= 3']"),
+    ('v: {bucket: runs, properties: {n: "\\> 2"}}', "1:37", "in double quotes a backslash starts a YAML escape: "
+                                                          "write a value with a backslash in single quotes"),
+])
+def test_problems_of_the_new_rules(text, where, complaint):
+    (problem,) = problems_of(text)
+    assert problem.startswith(f"views.yaml:{where}: ") and complaint in problem, problem
+
+
+def test_values_that_are_not_comparisons_stay_globs():
+    (view,) = views_of("""
+        v:
+          bucket: runs
+          properties: {a: "a..b", b: "1 .. x", c: "=3", d: "3", e: '\\<none>'}
+          set: {n: 4, d: "3"}
+          tags: {n: [">= 3", "none"]}
+    """)
+    assert view.properties == {"a": ("a..b",), "b": ("1 .. x",), "c": ("=3",), "d": ("3",), "e": ("\\<none>",)}
+    assert view.set == {"n": "4", "d": "3"}

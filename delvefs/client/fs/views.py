@@ -224,4 +224,4 @@ class Views:
         return vs.index in self._matcher().match(obj)
 
     def _needs_tags(self, bucket: str) -> bool:
-        return any(vs.view.properties for vs in self.views if vs.bucket == bucket)
+        return any(vs.view.reads_tags for vs in self.views if vs.bucket == bucket)
