@@ -7,6 +7,10 @@ Topology (declared idempotently on every connect):
   re-declares on each publish; other flags would make one of us fail);
 - queue ``Q`` = ``X.handler`` (or $DELVEFS_AMQP_QUEUE): durable, bound to ``X``, so events
   published while the handler is down wait for it; ``x-dead-letter-exchange`` = ``Q.dead``;
+  ``x-single-active-consumer``: of several consumers only one receives messages, the next
+  takes over when it goes — two handlers never split the events (a standby waits for the
+  state lock before it consumes at all: eventhandler/standby.py; a second handler with
+  another state directory is told loudly that it receives nothing);
 - exchange ``Q.dead`` (fanout, durable) and queue ``Q.dead`` bound to it: messages the
   handler cannot use (not JSON, not a MinIO event, an event that fails to apply) are
   rejected without requeue and land there — logged, counted, never redelivered.
@@ -16,7 +20,16 @@ available (up to ``max_batch`` messages), drops messages of untracked buckets by
 ``minio-bucket`` header without decoding them, applies the rest through ``Engine.apply_events``
 (one LevelDB WriteBatch), then rejects the invalid ones and acks the batch with one
 ``multiple=True`` ack. A lost connection is retried with exponential backoff (0.2 s .. 2 s; 5 s to connect);
-unacked messages are redelivered by the broker and re-applying them changes nothing.
+unacked messages are redelivered by the broker and re-applying them changes nothing. When a
+connection succeeds after failed attempts, the tracked buckets are reconciled: MinIO without
+a queue dir drops the events it cannot publish while the broker is away.
+
+A queue declared by an older handler without single-active-consumer cannot be redeclared
+(PRECONDITION_FAILED). The consumer then upgrades it without losing a message: it binds a
+temporary queue ``Q.upgrade`` to ``X`` and unbinds ``Q`` (every event is in one of them),
+applies what is left in ``Q`` and deletes it (only if empty and unused), declares ``Q`` anew,
+then applies and deletes ``Q.upgrade``; an interrupted upgrade resumes at the next connect.
+Events in both queues meanwhile are applied twice, which changes nothing.
 
 A LevelDB write that fails (``StorageError``: disk full, I/O error) is not the events' fault:
 nothing of that batch is acked or dead-lettered, the consumer closes its connection (the
@@ -50,18 +63,59 @@ def declare_exchange(channel, exchange: str) -> None:
     channel.exchange_declare(exchange, exchange_type="fanout", durable=True)
 
 
-def declare(channel, exchange: str, queue: str, dead: str) -> None:
+UPGRADE_SUFFIX = ".upgrade"  # the temporary queue of an upgrade to single-active-consumer
+PRECONDITION_FAILED = 406
+NOT_FOUND = 404
+
+
+def _is_upgrade_probe(record: logging.LogRecord) -> bool:
+    """pika's warning about a channel the broker closed because an upgrade queue does not
+    exist: the expected answer to looking for one at every connect."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return len(args) >= 2 and args[0] == NOT_FOUND and UPGRADE_SUFFIX + "'" in str(args[1])
+
+
+logging.getLogger("pika.channel").addFilter(lambda record: not _is_upgrade_probe(record))
+
+
+def queue_arguments(dead: str) -> dict:
+    return {"x-dead-letter-exchange": dead, "x-single-active-consumer": True}
+
+
+def declare(channel, exchange: str, queue: str, dead: str) -> int:
+    """Declare the topology; returns how many consumers the queue already has."""
     declare_exchange(channel, exchange)
     channel.exchange_declare(dead, exchange_type="fanout", durable=True)
     channel.queue_declare(dead, durable=True)
     channel.queue_bind(dead, dead)
-    channel.queue_declare(queue, durable=True, arguments={"x-dead-letter-exchange": dead})
+    declared = channel.queue_declare(queue, durable=True, arguments=queue_arguments(dead))
     channel.queue_bind(queue, exchange)
+    return declared.method.consumer_count
+
+
+def queue_stats(channel, queue: str):
+    """``.message_count`` (waiting, not counting unacked) and ``.consumer_count`` of
+    ``queue`` (which must exist)."""
+    return channel.queue_declare(queue, durable=True, passive=True).method
 
 
 def queue_depth(channel, queue: str) -> int:
     """How many messages wait in ``queue`` (which must exist)."""
-    return channel.queue_declare(queue, durable=True, passive=True).method.message_count
+    return queue_stats(channel, queue).message_count
+
+
+def lacks_single_active_consumer(exc: Exception) -> bool:
+    """The broker refused to redeclare a queue declared without single-active-consumer."""
+    return (isinstance(exc, pika.exceptions.ChannelClosedByBroker)
+            and exc.reply_code == PRECONDITION_FAILED and "x-single-active-consumer" in exc.reply_text)
+
+
+def other_consumers_message(queue: str, n: int) -> str:
+    return (f"queue {queue} has {n} other consumer(s): another handler with a different "
+            f"--state-dir (or the connection of one that died and that the broker has not "
+            f"dropped yet: up to two heartbeats)? Only one consumer of the queue receives events "
+            f"(single active consumer), the others none until it goes away. A standby must "
+            f"share the active handler's --state-dir: it then waits for the state lock instead")
 
 
 class LagMonitor(threading.Thread):
@@ -73,6 +127,7 @@ class LagMonitor(threading.Thread):
         self.url, self.queue, self.gauge, self.interval = url, queue, gauge, interval
         self.ready = ready or (lambda: True)  # the consumer has declared the queue
         self._stopping = threading.Event()
+        self._warned_at = float("-inf")  # when other consumers of the queue were last reported
 
     def stop(self) -> None:
         self._stopping.set()
@@ -89,7 +144,11 @@ class LagMonitor(threading.Thread):
                     ch = None
                 if ch is None or not ch.is_open:
                     ch = conn.channel()
-                self.gauge.set(queue_depth(ch, self.queue))
+                stats = queue_stats(ch, self.queue)
+                self.gauge.set(stats.message_count)
+                if stats.consumer_count > 1 and time.monotonic() - self._warned_at > 60:
+                    self._warned_at = time.monotonic()
+                    log.error("%s", other_consumers_message(self.queue, stats.consumer_count - 1))
             except Exception:  # the broker is away or the queue not declared yet: try later
                 if conn is not None and not conn.is_open:
                     conn = None
@@ -117,6 +176,7 @@ class Consumer(threading.Thread):
         self._invalid_logged = 0
         self.last_error: str | None = None
         self.fatal: str | None = None  # why consuming stopped for good (the state cannot be written)
+        self.unreachable_since: float | None = None  # monotonic time of the first failed connect
         self._on_fatal = on_fatal or (lambda reason: None)
 
     def stop(self, timeout: float = 30) -> None:
@@ -144,6 +204,8 @@ class Consumer(threading.Thread):
                 self.connected.clear()
                 self.state = "reconnecting"
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                if self.unreachable_since is None:
+                    self.unreachable_since = time.monotonic()
                 log.warning("AMQP connection lost (%s); reconnecting in %.1f s", self.last_error, backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -163,29 +225,20 @@ class Consumer(threading.Thread):
         params.stack_timeout = 5  # a broker that accepts TCP but stalls (still booting): retry
         conn = pika.BlockingConnection(params)
         try:
-            ch = conn.channel()
-            declare(ch, self.exchange, self.queue, self.dead)
+            ch, others = self._declare(conn)
+            if self._stopping.is_set():  # while an upgrade drained a queue
+                return
             ch.basic_qos(prefetch_count=self.prefetch)
-            buf: list = []
-            append = buf.append
-            ch.basic_consume(self.queue, lambda _c, m, p, b: append((m.delivery_tag, p, b)))
             self.state = "connected"
             self.connected.set()
-            log.info("consuming %s (bound to exchange %s)", self.queue, self.exchange)
-            while not self._stopping.is_set():
-                conn.process_data_events(time_limit=0.2)
-                # take what is already here: keep reading while the socket delivers a backlog (big
-                # batches under load), stop at a trickle (waiting for one would add latency)
-                deadline = time.monotonic() + 0.02
-                while buf and len(buf) < self.max_batch and time.monotonic() < deadline:
-                    n = len(buf)
-                    conn.process_data_events(time_limit=0)
-                    if len(buf) - n < 8:
-                        break
-                if buf:
-                    batch = buf[:]
-                    buf.clear()
-                    self._handle(ch, batch)
+            if self.unreachable_since is not None:
+                self._reconcile_after_outage(time.monotonic() - self.unreachable_since)
+                self.unreachable_since = None
+            if others:
+                log.error("%s", other_consumers_message(self.queue, others))
+            log.info("consuming %s (bound to exchange %s; single active consumer)",
+                     self.queue, self.exchange)
+            self._receive(conn, ch, self.queue)
         finally:
             self.connected.clear()
             try:
@@ -193,6 +246,115 @@ class Consumer(threading.Thread):
                     conn.close()
             except Exception:
                 pass
+
+    def _reconcile_after_outage(self, seconds: float) -> None:
+        """While this handler could not reach the broker, MinIO most likely could not either,
+        and without a queue dir it dropped those events (publisher confirms make it log them,
+        not keep them): re-list the tracked buckets now rather than at the next periodic
+        reconcile."""
+        log.warning("the broker was unreachable for %.1f s: reconciling the tracked buckets "
+                    "(events MinIO could not publish meanwhile)", seconds)
+
+        def reconcile() -> None:
+            try:
+                self.engine.reconcile()
+            except Exception:  # the engine logs what failed; stopping also ends up here
+                if not self._stopping.is_set():
+                    log.exception("reconcile after the broker outage failed")
+        threading.Thread(target=reconcile, name="delvefs-reconcile-after-outage", daemon=True).start()
+
+    def _declare(self, conn):
+        """A channel with the topology declared (upgrading a queue of an older handler
+        first) and how many other consumers the queue has."""
+        ch = conn.channel()
+        try:
+            others = declare(ch, self.exchange, self.queue, self.dead)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if not lacks_single_active_consumer(exc):
+                raise
+            self._upgrade_queue(conn)
+            if self._stopping.is_set():  # resumed at the next start
+                return ch, 0
+            ch = conn.channel()
+            others = declare(ch, self.exchange, self.queue, self.dead)
+        self._finish_upgrade(conn)
+        return ch, others
+
+    def _upgrade_queue(self, conn) -> None:
+        upgrade = self.queue + UPGRADE_SUFFIX
+        log.warning("queue %s was declared by an older handler without single-active-consumer: "
+                    "upgrading it (events go to %s meanwhile; no message is lost)", self.queue, upgrade)
+        ch = conn.channel()
+        ch.queue_declare(upgrade, durable=True, arguments={"x-dead-letter-exchange": self.dead})
+        ch.queue_bind(upgrade, self.exchange)
+        ch.queue_unbind(self.queue, self.exchange)  # from here on every event is in `upgrade`
+        ch.close()
+        self._drain_and_delete(conn, self.queue)
+
+    def _finish_upgrade(self, conn) -> None:
+        """Apply and delete the temporary queue of an upgrade, if there is one."""
+        upgrade = self.queue + UPGRADE_SUFFIX
+        ch = conn.channel()
+        try:
+            ch.queue_declare(upgrade, durable=True, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == NOT_FOUND:
+                return
+            raise
+        ch.queue_unbind(upgrade, self.exchange)  # the queue is declared and bound again
+        ch.close()
+        self._drain_and_delete(conn, upgrade)
+        if not self._stopping.is_set():
+            log.warning("queue %s upgraded to single-active-consumer", self.queue)
+
+    def _drain_and_delete(self, conn, queue: str) -> None:
+        """Apply every message of ``queue`` (bound to nothing any more), then delete it."""
+        while not self._stopping.is_set():
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=self.prefetch)
+            self._receive(conn, ch, queue, until_empty=True)
+            if self._stopping.is_set():
+                return
+            try:
+                # on the channel that consumed: the messages its cancel handed back are in the
+                # queue before the broker looks at whether it is empty
+                ch.queue_delete(queue, if_unused=True, if_empty=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != PRECONDITION_FAILED:
+                    raise
+                log.warning("%s not deleted yet (%s): applying what it still holds", queue, exc.reply_text)
+                self._stopping.wait(0.5)
+                continue
+            ch.close()
+            log.info("applied and deleted %s", queue)
+            return
+
+    def _receive(self, conn, ch, queue: str, until_empty: bool = False) -> None:
+        """Consume ``queue`` in batches until stopping or, ``until_empty``, until no message
+        is left in it (then the consumer is cancelled)."""
+        buf: list = []
+        append = buf.append
+        tag = ch.basic_consume(queue, lambda _c, m, p, b: append((m.delivery_tag, p, b)))
+        while not self._stopping.is_set():
+            conn.process_data_events(time_limit=0.2)
+            # take what is already here: keep reading while the socket delivers a backlog (big
+            # batches under load), stop at a trickle (waiting for one would add latency)
+            deadline = time.monotonic() + 0.02
+            while buf and len(buf) < self.max_batch and time.monotonic() < deadline:
+                n = len(buf)
+                conn.process_data_events(time_limit=0)
+                if len(buf) - n < 8:
+                    break
+            if buf:
+                batch = buf[:]
+                buf.clear()
+                self._handle(ch, batch)
+            elif until_empty and queue_depth(ch, queue) == 0:
+                break
+        if until_empty and not self._stopping.is_set():
+            ch.basic_cancel(tag)  # deliveries not yet dispatched go back to the queue
+            if buf:
+                self._handle(ch, buf[:])
 
     def _handle(self, ch, batch) -> None:
         tracked = self.engine.tracked
@@ -262,9 +424,11 @@ class EventPublisher:
         return queue_depth(self.ch, queue)
 
     def delete_queues(self, *queues: str) -> None:
-        """Delete handler queues and their dead-letter queues and exchanges, those that exist."""
+        """Delete handler queues and their dead-letter (and upgrade) queues and exchanges,
+        those that exist."""
         for q in queues:
             for op in (lambda: self.ch.queue_delete(q), lambda: self.ch.queue_delete(q + ".dead"),
+                       lambda: self.ch.queue_delete(q + UPGRADE_SUFFIX),
                        lambda: self.ch.exchange_delete(q + ".dead")):
                 try:
                     if self.ch.is_closed:  # a failed delete closes the channel

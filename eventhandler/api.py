@@ -2,28 +2,49 @@
 main thread; LevelDB reads of more than a few records go to the default executor so the
 loop stays responsive. Long polls and streams sleep on a per-bucket asyncio.Event that the
 engine's writer threads set through ``loop.call_soon_threadsafe`` after each commit.
+
+Every ``/v1`` request is made by a principal (its bearer token, eventhandler/auth.py) and
+reads only what that principal holds a grant for: a view while a grant of its bucket covers
+its root, an object while one covers its key. A view or object it may not read is answered
+like an unknown one (404), or 403 "proof_expired" when its grant has lapsed. Malformed
+requests are 4xx before anything is read or streamed.
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+import math
+import os
+import re
+import ssl
 import time
-from urllib.parse import parse_qs, urlsplit
+import urllib.parse
 
 import aiohttp
 import msgpack
 import orjson
+import yarl
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .tracking import bucket_glob_message, bucket_is_glob
+from rulesets.model import View
+
+from .auth import (GRANTED, LAPSED, MAX_KEY_BYTES, Authenticator, Grants, Proof, ProofRefused,
+                   Unauthorized, parse_proof, valid_bucket)
+from .tracking import SCANNING, bucket_glob_message, bucket_is_glob
 
 log = logging.getLogger("delvefs.eventhandler.api")
 
 MSGPACK = "application/msgpack"
 MAX_LIMIT = 50000
 DEFAULT_LIMIT = 5000
+MAX_BODY = 1 << 20        # bytes of a request body (413 beyond)
+MAX_VIEWS = 1000          # views in one registration
+MAX_VIEW_NAME = 255
+MAX_PROOFS = 64           # proof URLs in one request
+MAX_VERSION = 2**64 - 1   # versions are unsigned 64-bit numbers
+VIEW_ID = re.compile(r"[0-9a-f]{16}")
+VERSION = re.compile(r"[0-9]{1,20}")
 
 
 class ApiError(Exception):
@@ -73,36 +94,53 @@ async def read_body(request: web.Request):
         raise ApiError(400, "bad_request", f"undecodable {request.content_type} body: {exc}") from None
 
 
-def _int_arg(request, name, default, lo=None, hi=None) -> int:
+def _int_arg(request, name, default, lo: int, hi: int, *, clamp: bool = False) -> int:
+    """An integer parameter in [lo, hi]; above ``hi`` it is ``hi`` when ``clamp``, else 400."""
     value = request.query.get(name)
     if value is None or value == "":
         return default
-    try:
-        n = int(value)
-    except ValueError:
-        raise ApiError(400, "bad_request", f"{name} must be an integer, not {value!r}") from None
-    if lo is not None and n < lo:
-        raise ApiError(400, "bad_request", f"{name} must be >= {lo}")
-    return min(n, hi) if hi is not None else n
+    if not re.fullmatch(r"-?[0-9]{1,30}", value):
+        raise ApiError(400, "bad_request", f"{name} must be an integer, not {value[:40]!r}")
+    n = int(value)
+    if n < lo or (n > hi and not clamp):
+        raise ApiError(400, "bad_request", f"{name} must be between {lo} and {hi}")
+    return min(n, hi)
 
 
 def _float_arg(request, name, default, hi) -> float:
+    """Seconds, 0 or more; values above ``hi`` are ``hi``."""
     value = request.query.get(name)
     if value is None or value == "":
         return default
     try:
-        return max(0.0, min(float(value), hi))
+        seconds = float(value)
     except ValueError:
         raise ApiError(400, "bad_request", f"{name} must be a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ApiError(400, "bad_request", f"{name} must be a finite number of seconds, 0 or more")
+    return min(seconds, hi)
+
+
+def _version(text: str | None, what: str) -> int:
+    if text is None or not VERSION.fullmatch(text) or int(text) > MAX_VERSION:
+        raise ApiError(400, "bad_request", f"{what} must be a version: an integer from 0 to 2^64-1")
+    return int(text)
+
+
+def _key(text: str, what: str) -> str:
+    if not text or len(text.encode()) > MAX_KEY_BYTES:
+        raise ApiError(400, "bad_request", f"{what} must be 1 to {MAX_KEY_BYTES} bytes of UTF-8")
+    return text
 
 
 class Api:
-    def __init__(self, engine, consumer, metrics, token: str | None, s3_endpoint: str | None,
-                 *, proof_timeout: float = 10.0):
+    def __init__(self, engine, consumer, metrics, auth: Authenticator, grants: Grants,
+                 s3_endpoint: str | None, *, proof_timeout: float = 10.0):
         self.engine = engine
         self.consumer = consumer
         self.metrics = metrics
-        self.token = token
+        self.auth = auth
+        self.grants = grants
         self.s3_endpoint = s3_endpoint
         self.proof_timeout = proof_timeout
         self.hub: Hub | None = None
@@ -110,8 +148,9 @@ class Api:
         self.started = time.time()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware])
+        app = web.Application(middlewares=[self._middleware], client_max_size=MAX_BODY)
         app.router.add_post("/v1/views", self.register)
+        app.router.add_post("/v1/proofs", self.prove)
         app.router.add_get("/v1/views/{id}/objects", self.list_objects)
         app.router.add_get("/v1/views/{id}/changes", self.changes)
         app.router.add_get("/v1/views/{id}/stream", self.stream)
@@ -126,7 +165,10 @@ class Api:
     async def _startup(self, app) -> None:
         self.hub = Hub(asyncio.get_running_loop())
         self.engine.add_listener(self.hub.changed)
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.proof_timeout))
+        ca = os.environ.get("AWS_CA_BUNDLE")  # the store's CA, as for the S3 clients
+        connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca) if ca else True)
+        self.session = aiohttp.ClientSession(connector=connector,
+                                             timeout=aiohttp.ClientTimeout(total=self.proof_timeout))
 
     async def _cleanup(self, app) -> None:
         if self.session:
@@ -135,10 +177,13 @@ class Api:
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
         try:
-            if request.path.startswith("/v1/") and self.token is not None:
-                auth = request.headers.get("Authorization", "")
-                if not (auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), self.token)):
-                    raise ApiError(401, "unauthorized", "missing or wrong bearer token")
+            try:  # the query as the client sent it: undecodable text is an error, not U+FFFD
+                urllib.parse.parse_qsl(request.rel_url.raw_query_string, keep_blank_values=True,
+                                       errors="strict")
+            except UnicodeDecodeError:
+                raise ApiError(400, "bad_request", "the query string is not valid UTF-8") from None
+            if request.path.startswith("/v1/"):
+                request["principal"] = self._principal(request)
             return await handler(request)
         except ApiError as exc:
             return reply(request, {"error": exc.code, "message": exc.message, **exc.extra}, exc.status)
@@ -147,65 +192,154 @@ class Api:
                 raise
             return reply(request, {"error": exc.reason.lower().replace(" ", "_"), "message": exc.text or exc.reason},
                          exc.status)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:  # a bug: logged here, never a traceback to the client
+            log.exception("%s %s failed", request.method, request.path)
+            return reply(request, {"error": "internal", "message": "internal error (see the handler's log)"}, 500)
+
+    def _principal(self, request: web.Request) -> str:
+        try:
+            return self.auth.principal(request.headers.get("Authorization"))
+        except Unauthorized as exc:
+            raise ApiError(401, "unauthorized", str(exc)) from None
+
+    def _authorize(self, principal: str, bucket: str, key: str, unknown: ApiError) -> None:
+        """Returns when ``principal`` holds a grant of ``bucket`` covering ``key``; raises
+        ``unknown`` (the answer for what does not exist) when it holds none."""
+        status = self.grants.status(principal, bucket, key)
+        if status == GRANTED:
+            return
+        if status == LAPSED:
+            raise ApiError(403, "proof_expired", f"your proof of list rights on bucket {bucket!r} for "
+                           "this has expired: present a new one (POST /v1/proofs, or register again)",
+                           bucket=bucket)
+        raise unknown
 
     def _view(self, request):
-        info = self.engine.views_by_id.get(request.match_info["id"])
+        vid = request.match_info["id"]
+        if not VIEW_ID.fullmatch(vid):
+            raise ApiError(400, "bad_request", "a view id is 16 lowercase hex digits")
+        unknown = ApiError(404, "not_found", f"no view {vid} that you may read (unknown id, or no "
+                           "valid proof of list rights on its bucket and root: register it with one)")
+        info = self.engine.views_by_id.get(vid)
         if info is None:
-            raise ApiError(404, "not_found", f"no view with id {request.match_info['id']!r}")
+            raise unknown
+        self._authorize(request["principal"], info.bucket, info.view.root, unknown)
         return info
+
+    def _readable(self, principal: str, info) -> bool:
+        return self.grants.status(principal, info.bucket, info.view.root) == GRANTED
+
+    # ---- proofs ------------------------------------------------------------------
+
+    def _proof_urls(self, proof) -> list[tuple[str, str]]:
+        """(bucket, URL) pairs of a request's ``proof``: {bucket: URL or [URL, ...]}."""
+        if proof is None:
+            return []
+        if not isinstance(proof, dict):
+            raise ApiError(400, "bad_request", "proof must map bucket -> presigned URL (or a list of them)")
+        pairs = []
+        for bucket, urls in proof.items():
+            if not valid_bucket(bucket):
+                raise ApiError(400, "bad_request", f"proof names no valid bucket: {str(bucket)[:80]!r}")
+            urls = [urls] if isinstance(urls, str) else urls
+            if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+                raise ApiError(400, "bad_request", f"proof of bucket {bucket!r}: a URL or a list of URLs")
+            pairs += [(bucket, u) for u in urls]
+        if len(pairs) > MAX_PROOFS:
+            raise ApiError(400, "bad_request", f"at most {MAX_PROOFS} proofs in one request")
+        return pairs
+
+    async def _accept_proofs(self, principal: str, pairs: list[tuple[str, str]]) -> list[Proof]:
+        """Check and fetch each proof; record the grants of those the store answers 200.
+        Raises 403 for the first refused one (the grants of the others are kept)."""
+        now = time.time()
+        proofs = []
+        for bucket, url in dict.fromkeys(pairs):
+            try:
+                proofs.append(parse_proof(url, bucket=bucket, principal=principal,
+                                          endpoint=self.s3_endpoint, now=now))
+            except ProofRefused as exc:
+                raise ApiError(403, "proof_expired" if exc.expired else "forbidden",
+                               f"proof for bucket {bucket!r}: {exc}", bucket=bucket) from None
+        failures = await asyncio.gather(*(self._fetch_proof(p) for p in proofs))
+        for proof, failure in zip(proofs, failures):
+            if failure is None:
+                self.grants.add(principal, proof.bucket, proof.prefix, proof.until)
+        for proof, failure in zip(proofs, failures):
+            if failure is not None:
+                raise ApiError(403, "forbidden", f"proof for bucket {proof.bucket!r}: {failure}",
+                               bucket=proof.bucket)
+        return proofs
+
+    async def _fetch_proof(self, proof: Proof) -> str | None:
+        """None when the store answers the proof with 200, else why not."""
+        try:  # encoded=True: the query exactly as signed; never a redirect to elsewhere
+            async with self.session.get(yarl.URL(proof.url, encoded=True), allow_redirects=False) as resp:
+                status = resp.status
+                await resp.content.read(65536)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return f"could not be checked with the object store: {type(exc).__name__}: {exc}"
+        if status != 200:
+            return (f"the object store refused it (HTTP {status}): the credentials that signed it "
+                    f"cannot list prefix {proof.prefix!r}, or it expired")
+        return None
+
+    async def prove(self, request: web.Request):
+        """Fresh proofs for grants that are about to expire (or were lost)."""
+        body = await read_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "bad_request", 'body must be {"proof": {bucket: URL or [URL, ...]}}')
+        pairs = self._proof_urls(body.get("proof"))
+        if not pairs:
+            raise ApiError(400, "bad_request", "no proof in the request")
+        proofs = await self._accept_proofs(request["principal"], pairs)
+        return reply(request, {"grants": [{"bucket": p.bucket, "prefix": p.prefix, "until": p.until}
+                                          for p in proofs]})
 
     # ---- views -------------------------------------------------------------------
 
     async def register(self, request: web.Request):
+        principal = request["principal"]
         body = await read_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("views"), list):
             raise ApiError(400, "bad_request", 'body must be {"client", "views": [...], "proof": {...}}')
-        views = []
+        if len(body["views"]) > MAX_VIEWS:
+            raise ApiError(400, "bad_request", f"at most {MAX_VIEWS} views in one registration")
+        views, roots = [], []
         for v in body["views"]:
-            if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not isinstance(v.get("spec"), dict):
-                raise ApiError(400, "invalid_view", 'each view must be {"name": str, "spec": {...}}')
-            bucket = v["spec"].get("bucket")
+            if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not isinstance(v.get("spec"), dict) \
+                    or not 0 < len(v["name"]) <= MAX_VIEW_NAME:
+                raise ApiError(400, "invalid_view", 'each view must be {"name": str (1-255 characters), '
+                               '"spec": {...}}')
+            name, bucket = v["name"], v["spec"].get("bucket")
             if not isinstance(bucket, str) or not bucket:
-                raise ApiError(400, "invalid_view", f"view {v['name']!r}: spec.bucket must be a bucket name")
+                raise ApiError(400, "invalid_view", f"view {name!r}: spec.bucket must be a bucket name")
             if bucket_is_glob(bucket):  # before the proof: a glob has no presigned URL
-                raise ApiError(400, "invalid_view", bucket_glob_message(v["name"], bucket))
-            views.append((v["name"], v["spec"]))
-        proof = body.get("proof") or {}
-        if not isinstance(proof, dict):
-            raise ApiError(400, "bad_request", "proof must map bucket -> presigned URL")
-        for bucket in sorted({spec["bucket"] for _, spec in views}):
-            await self._check_proof(bucket, proof.get(bucket))
+                raise ApiError(400, "invalid_view", bucket_glob_message(name, bucket))
+            if not valid_bucket(bucket):
+                raise ApiError(400, "invalid_view", f"view {name!r}: {bucket[:80]!r} is no valid bucket name")
+            try:  # the root every key of the view starts with: what a proof must cover
+                root = View.from_filter_spec(name, v["spec"]).root
+            except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+                raise ApiError(400, "invalid_view", f"view {name!r}: invalid spec: {exc}") from None
+            views.append((name, v["spec"]))
+            roots.append((bucket, root))
+        await self._accept_proofs(principal, self._proof_urls(body.get("proof")))
+        for bucket, root in dict.fromkeys(roots):
+            if self.grants.status(principal, bucket, root) != GRANTED:
+                raise ApiError(403, "forbidden", f"no valid proof for bucket {bucket!r}, prefix {root!r}: "
+                               "send a presigned ListObjectsV2 URL of that prefix (or of a prefix of "
+                               "it), bound to you, made with your credentials", bucket=bucket)
         loop = asyncio.get_running_loop()
         try:
             out = await loop.run_in_executor(None, self.engine.register, views)
         except ValueError as exc:
             raise ApiError(400, "invalid_view", str(exc)) from None
-        log.info("client %r registered %s", body.get("client"), [(v["name"], v["id"]) for v in out])
+        log.info("%s (client %r) registered %s", principal, str(body.get("client"))[:200],
+                 [(v["name"], v["id"]) for v in out])
         return reply(request, {"views": out})
-
-    async def _check_proof(self, bucket: str, url) -> None:
-        if not isinstance(url, str) or not url:
-            raise ApiError(403, "forbidden", f"no proof for bucket {bucket!r}: send a presigned "
-                           "ListObjectsV2 URL made with your credentials", bucket=bucket)
-        parts = urlsplit(url)
-        query = parse_qs(parts.query)
-        expected = urlsplit(self.s3_endpoint) if self.s3_endpoint else None
-        if parts.scheme not in ("http", "https") or "X-Amz-Signature" not in query \
-                or query.get("list-type") != ["2"] \
-                or (expected is not None and (parts.scheme, parts.netloc) != (expected.scheme, expected.netloc)) \
-                or parts.path.strip("/") != bucket:
-            raise ApiError(403, "forbidden", f"proof for bucket {bucket!r} is not a presigned "
-                           "ListObjectsV2 URL of this handler's object store", bucket=bucket)
-        try:
-            async with self.session.get(url) as resp:
-                status = resp.status
-                await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise ApiError(403, "forbidden", f"proof for bucket {bucket!r} could not be checked: {exc}",
-                           bucket=bucket) from None
-        if status != 200:
-            raise ApiError(403, "forbidden", f"the object store refused the proof for bucket {bucket!r} "
-                           f"(HTTP {status}): your credentials cannot list it", bucket=bucket)
 
     async def _wait_ready(self, info, wait: float) -> None:
         if self.engine.view_ready(info):
@@ -214,13 +348,22 @@ class Api:
         while not self.engine.view_ready(info):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ApiError(503, "scanning", f"view {info.id} is still being built (bucket scan)")
+                bs = self.engine.buckets.get(info.bucket)
+                progress = {}
+                if bs is not None and bs.state == SCANNING:  # (else a new view's rematch)
+                    progress["listed"] = bs.scan_listed  # objects the first scan has listed so far
+                    if bs.scan_error:
+                        progress["scan_error"] = bs.scan_error  # its last attempt failed: retried
+                raise ApiError(503, "scanning", f"view {info.id} is still being built (bucket scan)",
+                               **progress)
             await asyncio.sleep(min(0.05, left))
 
     async def list_objects(self, request: web.Request):
         info = self._view(request)
-        limit = _int_arg(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        limit = _int_arg(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT, clamp=True)
         after = request.query.get("after") or None
+        if after is not None:
+            _key(after, "after")
         await self._wait_ready(info, _float_arg(request, "wait", 30.0, 300.0))
         if limit <= 200:
             page = self.engine.list_view(info, after, limit)
@@ -245,19 +388,21 @@ class Api:
 
     async def changes(self, request: web.Request):
         info = self._view(request)
-        since = _int_arg(request, "since", None)
-        if since is None:
+        if not request.query.get("since"):
             raise ApiError(400, "bad_request", "since=V is required (the version of your listing)")
-        limit = _int_arg(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        since = _version(request.query["since"], "since")
+        limit = _int_arg(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT, clamp=True)
         wait = _float_arg(request, "wait", 0.0, 60.0)
         await self._wait_ready(info, 30.0 if wait else 0.0)
         deadline = time.monotonic() + wait
+        grant_end = self.grants.until(request["principal"], info.bucket, info.view.root)
         while True:
             ev = self.hub.event(info.bucket)
             res = await self._changes(info, since, limit)
             if res["changes"] or res["more"]:
                 return reply(request, res)
-            left = deadline - time.monotonic()
+            # a long poll waits no longer than the grant lasts
+            left = min(deadline - time.monotonic(), grant_end - time.time())
             if left <= 0:
                 return reply(request, res)
             since = max(since, res["version"])
@@ -268,17 +413,19 @@ class Api:
 
     async def stream(self, request: web.Request):
         info = self._view(request)
-        since = request.headers.get("Last-Event-ID") or request.query.get("since")
-        try:
-            since = int(since)
-        except (TypeError, ValueError):
-            raise ApiError(400, "bad_request", "since=V or Last-Event-ID is required") from None
+        principal = request["principal"]
+        since = _version(request.headers.get("Last-Event-ID") or request.query.get("since"),
+                         "since (or Last-Event-ID)")
         await self._wait_ready(info, 30.0)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
             while True:
+                # the stream lasts as long as the grant (renewed by the client's proofs)
+                left = self.grants.until(principal, info.bucket, info.view.root) - time.time()
+                if left <= 0:
+                    return resp
                 ev = self.hub.event(info.bucket)
                 try:
                     res = await self._changes(info, since, 1000)
@@ -295,40 +442,81 @@ class Api:
                 if res["more"]:
                     continue
                 try:
-                    await asyncio.wait_for(ev.wait(), 15.0)
+                    await asyncio.wait_for(ev.wait(), min(15.0, left))
                 except asyncio.TimeoutError:
                     await resp.write(b": keepalive\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError):
             raise
+        except Exception:  # the 200 is sent: end the stream; the client reconnects
+            log.exception("change stream of view %s failed", info.id)
         return resp
 
+    def _object_path(self, request: web.Request) -> tuple[str, str]:
+        """Bucket and key decoded strictly from the raw path (aiohttp keeps undecodable
+        escapes such as %FF as text)."""
+        raw = request.rel_url.raw_path[len("/v1/objects/"):]
+        raw_bucket, _, raw_key = raw.partition("/")
+        try:
+            bucket = urllib.parse.unquote_to_bytes(raw_bucket).decode("utf-8")
+            key = urllib.parse.unquote_to_bytes(raw_key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, "bad_request", "bucket and key must be percent-encoded UTF-8") from None
+        if not valid_bucket(bucket):
+            raise ApiError(400, "bad_request", f"{bucket[:80]!r} is no valid bucket name")
+        return bucket, _key(key, "the key")
+
     async def lookup(self, request: web.Request):
-        bucket, key = request.match_info["bucket"], request.match_info["key"]
+        bucket, key = self._object_path(request)
+        principal = request["principal"]
+        unknown = ApiError(404, "not_found", f"no object {bucket}/{key} known to the handler "
+                           "(or none that you may read)")
+        self._authorize(principal, bucket, key, unknown)
         obj = self.engine.lookup(bucket, key)
         if obj is None:
-            raise ApiError(404, "not_found", f"no object {bucket}/{key} known to the handler")
+            raise unknown
+        by_id = self.engine.views_by_id
+        obj["views"] = [vid for vid in obj["views"] if self._readable(principal, by_id[vid])]
         return reply(request, obj)
 
     async def reconcile(self, request: web.Request):
+        principal = request["principal"]
         bucket = request.query.get("bucket") or None
-        if bucket is not None and bucket not in self.engine.buckets:
-            raise ApiError(404, "not_found", f"bucket {bucket!r} is not tracked (no view names it)")
-        counts = await asyncio.get_running_loop().run_in_executor(None, self.engine.reconcile, bucket)
+        if bucket is not None:
+            if not valid_bucket(bucket):
+                raise ApiError(400, "bad_request", f"{bucket[:80]!r} is no valid bucket name")
+            unknown = ApiError(404, "not_found", f"bucket {bucket!r} is not tracked (no view names it), "
+                               "or you hold no proof of list rights on all of it")
+            if bucket not in self.engine.buckets:
+                raise unknown
+            self._authorize(principal, bucket, "", unknown)
+            buckets = [bucket]
+        else:  # all tracked buckets that this principal may list whole
+            buckets = [b for b in self.engine.buckets if self.grants.status(principal, b, "") == GRANTED]
+        loop = asyncio.get_running_loop()
+        counts = {}
+        for b in buckets:
+            counts.update(await loop.run_in_executor(None, self.engine.reconcile, b))
         return reply(request, {"buckets": counts})
 
     # ---- operations ------------------------------------------------------------------
 
     async def health(self, request: web.Request):
+        """The status for anyone; details for a principal, about what it may read."""
         amqp = "connected" if self.consumer is None or self.consumer.connected.is_set() else "reconnecting"
-        buckets = {b: s.state for b, s in self.engine.buckets.items()}
-        status = "ok" if amqp == "connected" else "degraded"
-        data = {"status": status, "amqp": amqp, "views": len(self.engine.infos),
-                "buckets": buckets, "uptime": round(time.time() - self.started, 3)}
+        scan_errors = {b: s.scan_error for b, s in self.engine.buckets.items() if s.scan_error}
+        status = "ok" if amqp == "connected" and not scan_errors else "degraded"
+        if not (self.auth.open or request.headers.get("Authorization")):
+            return reply(request, {"status": status})
+        principal = self._principal(request)
+        readable = self.grants.buckets(principal)
+        data = {"status": status, "principal": principal, "amqp": amqp,
+                "views": sum(1 for info in self.engine.infos if self._readable(principal, info)),
+                "buckets": {b: s.state for b, s in self.engine.buckets.items() if b in readable},
+                "uptime": round(time.time() - self.started, 3)}
         if self.consumer is not None and self.consumer.last_error and amqp != "connected":
             data["amqp_error"] = self.consumer.last_error
-        scan_errors = {b: s.scan_error for b, s in self.engine.buckets.items() if s.scan_error}
+        scan_errors = {b: e for b, e in scan_errors.items() if b in readable}
         if scan_errors:  # first scans failing and being retried
-            data["status"] = "degraded"
             data["scan_errors"] = scan_errors
         return reply(request, data)
 

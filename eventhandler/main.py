@@ -2,6 +2,9 @@
 
 Wires, inside one ExitStack (torn down in reverse order):
 
+0. the state lock — an exclusive ``flock`` on ``--state-dir`` (eventhandler/standby.py):
+   while another handler holds it, this one stands by, answering 503 "standby" on its
+   listen address, and takes over (steps 1-4) the moment that one exits or dies;
 1. ``Store``   — LevelDB in ``--state-dir`` (the only open of it);
 2. ``Engine``  — registered views, buckets, the write lock, S3 worker pools, background
                  threads (tags, time flips, periodic reconcile); it reads S3 through a
@@ -13,6 +16,12 @@ Wires, inside one ExitStack (torn down in reverse order):
 If LevelDB cannot be written (disk full, I/O error), by the consumer (which then acks
 nothing of its batch) or a background job, the handler stops the same way and exits 3;
 events wait in the queue for a restart.
+
+Who may call the API is settled first (eventhandler/auth.py): the principals file
+(``--principals``, default ``STATE_DIR/principals.json``) and ``DELVEFS_HANDLER_TOKEN``.
+With neither, the API is open, which the handler allows on a loopback address only (or with
+``--allow-unauthenticated``, loudly); otherwise it exits 2 before listening. ``--tls-cert``
+and ``--tls-key`` serve HTTPS. Grants live in ``STATE_DIR/grants.json`` beside LevelDB.
 
 On a signal: the HTTP server stops, the consumer finishes and acks the batch in hand and
 closes its connection, the engine stops its threads, LevelDB is closed; exit 0.
@@ -53,13 +62,14 @@ def default_state_dir() -> Path:
     return Path(base) / "delvefs"
 
 
-async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event) -> None:
+async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event,
+                ssl_context=None) -> None:
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
-        log.info("listening on http://%s:%d", host, port)
+        log.info("listening on %s://%s:%d", "https" if ssl_context else "http", host, port)
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -79,8 +89,10 @@ def run(args) -> int:
 
     from .amqp import Consumer, LagMonitor
     from .api import Api
+    from .auth import GRANTS_FILE, Authenticator, Grants, listen_is_loopback, principals_path, tls_context
     from .engine import Engine
     from .metrics import Metrics
+    from .standby import StateLock, stand_by
     from .statedb import Store
 
     # the API thread must not wait 5 ms (the default GIL switch interval) for a busy consumer
@@ -88,12 +100,37 @@ def run(args) -> int:
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
+    # who may call the API (eventhandler/auth.py), settled before anything listens
+    auth = Authenticator(principals_path(str(state_dir), getattr(args, "principals", None)),
+                         config.handler_token())
+    if auth.open and not listen_is_loopback(host):
+        if not getattr(args, "allow_unauthenticated", False):
+            log.error("refusing to serve %s without authentication: issue tokens with `delvefs "
+                      "principal add NAME` (file %s) or set DELVEFS_HANDLER_TOKEN; "
+                      "--allow-unauthenticated serves it to anyone who can connect", host, auth.path)
+            return 2
+        log.warning("NO AUTHENTICATION on %s:%d (--allow-unauthenticated): anyone who can connect "
+                    "acts as principal 'default' and reads whatever it holds proofs for", host, port)
+    try:
+        tls = tls_context(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     interval = float(os.environ.get("DELVEFS_RECONCILE_INTERVAL", "3600"))
     horizon = float(os.environ.get("DELVEFS_TOMBSTONE_HORIZON", "86400"))
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     with contextlib.ExitStack() as stack:
         stack.callback(loop.close)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before standing by: a standby stops on them too
+            loop.add_signal_handler(sig, stop.set)
+        # one handler per state directory; another one stands by until this lock is free
+        lock = StateLock(state_dir)
+        if not lock.acquire_now() and not loop.run_until_complete(
+                stand_by(lock, lambda app, until: serve(app, host, port, until, tls), stop)):
+            log.info("stopped while standing by")
+            return 0
+        lock.record_holder(f"{host}:{port}")
         store = Store(str(state_dir / "leveldb"))
         stack.callback(store.close)
         metrics = Metrics()
@@ -113,14 +150,13 @@ def run(args) -> int:
         lag = LagMonitor(consumer.url, consumer.queue, metrics.queue, ready=consumer.connected.is_set)
         lag.start()
         stack.callback(lag.stop)
-        api = Api(engine, consumer, metrics, config.handler_token(),
-                  config.S3Settings.from_env().endpoint_url)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        grants = Grants(state_dir / GRANTS_FILE)  # read now: a standby's copy would be stale
+        auth.on_revoked = grants.forget
+        api = Api(engine, consumer, metrics, auth, grants, config.S3Settings.from_env().endpoint_url)
         gc_stop = threading.Event()
         threading.Thread(target=quiet_gc, args=(gc_stop,), name="delvefs-gc", daemon=True).start()
         stack.callback(gc_stop.set)
-        loop.run_until_complete(serve(api.app(), host, port, stop))
+        loop.run_until_complete(serve(api.app(), host, port, stop, tls))
         log.info("stopping")
     if fatal:
         log.error("stopped: %s (no event was lost: the unapplied ones wait in the queue)", fatal[0])

@@ -85,6 +85,8 @@ class Scanner:
             listed = _listed(contents)
             last = contents[-1]["Key"]
             counts["listed"] += len(listed)
+            if initial:  # progress, for the 503 "scanning" answers meanwhile
+                self.buckets[bucket].scan_listed = counts["listed"]
             self.metrics.scanned.inc(len(listed))
             self._scan_apply(bucket, listed, prev_last, last, cutoff, initial, counts)
             prev_last = last

@@ -14,7 +14,7 @@ SCANNING, READY = "scanning", "ready"
 
 class BucketState:
     __slots__ = ("name", "state", "version", "committed", "tags", "held", "ready", "scanned",
-                 "rematch_needed", "purged", "groups", "scan_error")
+                 "rematch_needed", "purged", "groups", "scan_error", "scan_listed")
 
     def __init__(self, name, state, version, tags=False, scanned=0.0, purged=0):
         self.name = name
@@ -26,6 +26,7 @@ class BucketState:
         self.tags = tags
         self.held = 0  # counter of the last event held (E record) during the first scan
         self.scan_error: str | None = None  # why the last attempt of the first scan failed
+        self.scan_listed = 0  # objects the first scan's current attempt has listed so far
         self.ready = threading.Event()
         self.scanned = scanned
         self.rematch_needed = False

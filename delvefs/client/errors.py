@@ -22,8 +22,15 @@ a cache file (data, journal) refused: OSError   its errno,  ``cache_file_error``
                                                 else EIO    ``cache_failure``,
                                                             ``errno_of_oserror``
 a streaming download failed under its reader    EIO         ``download_failed``
-the handler still scans the bucket ("scanning") EAGAIN      ``handler_failure``
-the handler unreachable, or any other refusal   EIO         ``handler_failure``
+the handler still scans the bucket: a view      EAGAIN      ``handler_failure``
+  never listed after ``DELVEFS_SCAN_WAIT``,
+  ``user.delvefs.sync`` at once
+the handler unreachable, not answering in       EIO         ``handler_failure``
+  time, or any other refusal: a view never
+  listed, ``user.delvefs.sync``
+any handler failure, other operations on a      none: its   ``views.Views._fresh``
+  view listed before                            last        (stale)
+                                                listing
 a write to a read-only view                     EROFS       ``read_only``
 an unsupported operation (links, special        EPERM       ``refused`` (one log line)
   files)
@@ -158,10 +165,12 @@ def download_failed(message: str) -> FsError:
 
 
 def handler_failure(exc: HandlerError, what: str) -> FsError:
-    """The handler could not give ``what`` (a view's listing or changes): EAGAIN while
-    its first scan of the bucket runs (try again later), else EIO; one log line."""
-    log.warning("%s: %s", what, exc)
-    return FsError(errno.EAGAIN if exc.code == "scanning" else errno.EIO, str(exc), logged=True)
+    """The handler could not give ``what`` (a view's listing or changes): EAGAIN when its
+    first scan of the bucket outlasted the scan wait (try again later), else EIO. An
+    operation answers it only for a view never listed (a listed one is served its last
+    listing); the views log the outage, once."""
+    return FsError(errno.EAGAIN if exc.code == "scanning" else errno.EIO, f"{what}: {exc}",
+                   logged=True)
 
 
 def read_only(view_name: str) -> FsError:

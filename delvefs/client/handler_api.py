@@ -11,6 +11,11 @@ Two layers:
   (``httpx.Client``: ``delvefs watch``, the tests' and benchmarks' ``HandlerProcess``).
   Both offer the operations of :class:`HandlerOperations`.
 
+A client may be given several handler URLs (comma-separated: the active handler and its
+standbys, eventhandler/standby.py). It sends to the one that answered last; on a
+connection failure or a 503 "standby" answer it tries the next, and sticks with the first
+that answers (:class:`Failover`).
+
 Listings and changes are requested as msgpack, other answers as JSON. Errors:
 :class:`HandlerUnavailable` (cannot reach it / 5xx, e.g. 503 "scanning"), :class:`Resync`
 (410: the version is older than the change log: list again), :class:`HandlerError`
@@ -25,15 +30,19 @@ from collections.abc import Iterable, Iterator
 import httpx
 import msgpack
 
+from ..shared.config import handler_ca, handler_urls
+
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 
 
 class HandlerError(Exception):
-    def __init__(self, message: str, status: int | None = None, code: str | None = None):
+    def __init__(self, message: str, status: int | None = None, code: str | None = None,
+                 body: dict | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
+        self.body = body or {}  # the error answer's fields (a 503 "scanning": its progress)
 
 
 class HandlerUnavailable(HandlerError):
@@ -109,7 +118,7 @@ def api_error(what: str, status: int, body) -> HandlerError:
         return Resync(body.get("version"))
     msg = f"{what}: HTTP {status} {body.get('error', '')}: {body.get('message', '')}".rstrip(": ")
     cls = HandlerUnavailable if status >= 500 else HandlerError
-    return cls(msg, status, body.get("error"))
+    return cls(msg, status, body.get("error"), body)
 
 
 def unreachable(base_url: str, exc: httpx.HTTPError) -> HandlerUnavailable:
@@ -128,6 +137,19 @@ def register_request(client: str, views: list[dict], proof: dict[str, str]) -> A
     """``views``: [{"name", "spec"}]; ``proof``: {bucket: presigned ListObjectsV2 URL}."""
     return ApiRequest("POST", "/v1/views", "registering views",
                       body={"client": client, "views": views, "proof": proof}, answer_field="views")
+
+
+def proofs_request(proof: dict[str, str | list[str]]) -> ApiRequest:
+    """Fresh proofs, ``{bucket: presigned ListObjectsV2 URL or [URL, ...]}``, renewing this
+    principal's grants before they expire."""
+    return ApiRequest("POST", "/v1/proofs", "presenting proofs", body={"proof": proof},
+                      answer_field="grants")
+
+
+def needs_proof(request: ApiRequest, exc: HandlerError) -> bool:
+    """Whether ``exc`` answers a view request as one the handler holds no grant for: 403
+    "proof_expired", or 404 (a restart lost the grants, or a wiped state the view)."""
+    return request.method == "GET" and request.path.startswith("/v1/views/") and exc.status in (403, 404)
 
 
 def list_request(view_id: str, after: str | None, limit: int, wait: float | None = None) -> ApiRequest:
@@ -182,6 +204,73 @@ def stream_changes(lines: Iterable[str]) -> Iterator[dict]:
         # `id:` repeats the change's "v"; ":" lines are keepalives.
 
 
+# ----------------------------------------------------------------- failover
+
+# Failures after which a request is tried at the next handler: it was not sent, or the
+# handler went away before answering (every request of the API may be repeated). Not
+# timeouts: a handler that is slow still holds the state lock, so no standby would answer.
+FAILOVER_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError,
+                   httpx.WriteError, httpx.RemoteProtocolError)
+
+
+def is_standby(resp: httpx.Response) -> bool:
+    """The answer of a handler standing by (its body read)."""
+    if resp.status_code != 503:
+        return False
+    body = decoded_body(resp)
+    return isinstance(body, dict) and body.get("error") == "standby"
+
+
+class Failover:
+    """A client's handler URLs, in the order given, and the one it uses (``current``)."""
+
+    def __init__(self, urls: str | list[str]):
+        self.urls = handler_urls(urls)
+        self.current = 0
+
+    def attempts(self) -> "Attempts":
+        return Attempts(self)
+
+
+class Attempts:
+    """One request's way through the handler URLs, from the current one on: iterate the
+    URLs; report each failure (:meth:`failed`) or response (:meth:`answered`, true for the
+    one to use); without one, :meth:`outcome` is the last standby answer or raises."""
+
+    def __init__(self, failover: Failover):
+        self.failover = failover
+        n = len(failover.urls)
+        self.order = [(failover.current + i) % n for i in range(n)]
+        self.index = failover.current
+        self.failures: list[str] = []
+        self.standby: httpx.Response | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        for self.index in self.order:
+            yield self.failover.urls[self.index]
+
+    def failed(self, url: str, exc: httpx.HTTPError) -> None:
+        """Go on to the next URL, or raise when this failure is not one to move on after."""
+        if len(self.order) == 1 or not isinstance(exc, FAILOVER_ERRORS):
+            raise unreachable(url, exc) from exc
+        self.failures.append(f"{url}: {type(exc).__name__}: {exc}")
+
+    def answered(self, resp: httpx.Response) -> bool:
+        """True when ``resp`` is the answer (the handler becomes the current one); False
+        for a standby's, after which the next URL is tried."""
+        if len(self.order) > 1 and is_standby(resp):
+            self.standby = resp
+            self.failures.append(f"{self.failover.urls[self.index]}: standby")
+            return False
+        self.failover.current = self.index
+        return True
+
+    def outcome(self) -> httpx.Response:
+        if self.standby is not None:
+            return self.standby
+        raise HandlerUnavailable("no event handler answers: " + "; ".join(self.failures))
+
+
 # ----------------------------------------------------------------- clients
 
 def _http_options(base_url: str, token: str | None, timeout: float) -> dict:
@@ -189,8 +278,19 @@ def _http_options(base_url: str, token: str | None, timeout: float) -> dict:
     return {"base_url": base_url,
             "headers": {"Authorization": f"Bearer {token}"} if token else {},
             # plain http: no TLS context with the CA bundle loaded (~60 ms at every mount)
-            "verify": not base_url.lower().startswith("http://"),
+            "verify": _tls_verify(base_url),
             "timeout": httpx.Timeout(timeout, connect=5.0)}
+
+
+def _tls_verify(base_url: str):
+    """httpx's ``verify``: none for http; for https $DELVEFS_HANDLER_CA, else the default CAs."""
+    if base_url.lower().startswith("http://"):
+        return False
+    ca = handler_ca()
+    if not ca:
+        return True
+    import ssl
+    return ssl.create_default_context(cafile=ca)
 
 
 class HandlerOperations:
@@ -198,8 +298,36 @@ class HandlerOperations:
     client's ``_call`` returns — the answer in :class:`SyncHandlerClient`, an awaitable
     of it in :class:`HandlerClient`."""
 
-    base_url: str
-    timeout: float
+    def __init__(self, base_url: str | list[str], token: str | None = None, *, timeout: float = 20.0):
+        self.failover = Failover(base_url)
+        self.timeout = timeout
+        self.token = token
+        self.clients: dict = {}  # handler URL -> its httpx client
+
+    def _new_client(self, options: dict):
+        raise NotImplementedError
+
+    def client(self, url: str):
+        """The httpx client of one handler URL (made at its first use)."""
+        if url not in self.clients:
+            self.clients[url] = self._new_client(_http_options(url, self.token, self.timeout))
+        return self.clients[url]
+
+    @property
+    def http(self):
+        """The httpx client of the current handler URL, for requests of one's own."""
+        return self.client(self.url)
+
+    @property
+    def base_url(self) -> str:
+        """Every handler URL, comma-separated, in the order given (what ``delvefs watch``
+        gets through a view directory's ``user.delvefs.view``)."""
+        return ",".join(self.failover.urls)
+
+    @property
+    def url(self) -> str:
+        """The handler URL requests go to first."""
+        return self.failover.urls[self.failover.current]
 
     def _call(self, request: ApiRequest):
         raise NotImplementedError
@@ -212,11 +340,17 @@ class HandlerOperations:
         """``views``: [{"name", "spec"}] -> [{"name", "id", "version"}]."""
         return self._call(register_request(client, views, proof))
 
-    def list_page(self, view_id: str, after: str | None, limit: int = 50000):
-        """``{"version", "objects", "next"}``."""
-        # a bucket still being scanned is answered 503 "scanning" well before this client
-        # would give up waiting
-        return self._call(list_request(view_id, after, limit, wait=self.timeout / 2))
+    def prove(self, proof: dict[str, str | list[str]]):
+        """Renew this principal's grants: -> [{"bucket", "prefix", "until"}]."""
+        return self._call(proofs_request(proof))
+
+    def list_page(self, view_id: str, after: str | None, limit: int = 50000, *,
+                  hold: bool = True):
+        """``{"version", "objects", "next"}``. While the bucket's first scan runs, the handler
+        holds the request (``hold``) up to half this client's timeout, else answers 503
+        "scanning" at once."""
+        # held: answered 503 "scanning" well before this client would give up waiting
+        return self._call(list_request(view_id, after, limit, wait=self.timeout / 2 if hold else 0))
 
     def changes(self, view_id: str, since: int, limit: int = 50000, wait: float = 0):
         """``{"version", "changes", "more"}``; raises :class:`Resync`."""
@@ -234,14 +368,12 @@ class HandlerOperations:
 class HandlerClient(HandlerOperations):
     """The mount's client: every operation is a coroutine."""
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 20.0):
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.http = httpx.AsyncClient(**_http_options(self.base_url, token, timeout),
-                                      limits=httpx.Limits(max_connections=16))
+    def _new_client(self, options: dict) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**options, limits=httpx.Limits(max_connections=16))
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        for client in self.clients.values():
+            await client.aclose()
 
     async def __aenter__(self) -> "HandlerClient":
         return self
@@ -249,25 +381,43 @@ class HandlerClient(HandlerOperations):
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
+    # set by the mount: presents fresh proofs (registers again) when a view request is
+    # answered as if this principal held no grant for it; the request is then sent once more
+    reprove = None
+
     async def _call(self, request: ApiRequest):
         try:
-            resp = await self.http.request(**request.httpx_args())
-        except httpx.HTTPError as exc:
-            raise unreachable(self.base_url, exc) from exc
-        return request.answer(resp)
+            return await self._answer(request)
+        except HandlerError as exc:
+            if self.reprove is None or not needs_proof(request, exc):
+                raise
+        await self.reprove()
+        return await self._answer(request)
+
+    async def _answer(self, request: ApiRequest):
+        attempts = self.failover.attempts()
+        for url in attempts:
+            try:
+                resp = await self.client(url).request(**request.httpx_args())
+            except httpx.HTTPError as exc:
+                attempts.failed(url, exc)
+                continue
+            if attempts.answered(resp):
+                return request.answer(resp)
+        return request.answer(attempts.outcome())
 
 
 class SyncHandlerClient(HandlerOperations):
-    """A blocking client (``delvefs watch``, tests, benchmarks). ``http`` is its
-    ``httpx.Client`` (base URL and token set) for requests of one's own."""
+    """A blocking client (``delvefs watch``, tests, benchmarks). ``http`` is the
+    ``httpx.Client`` of the current handler URL (base URL and token set) for requests of
+    one's own."""
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 20.0):
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.http = httpx.Client(**_http_options(self.base_url, token, timeout))
+    def _new_client(self, options: dict) -> httpx.Client:
+        return httpx.Client(**options)
 
     def close(self) -> None:
-        self.http.close()
+        for client in self.clients.values():
+            client.close()
 
     def __enter__(self) -> "SyncHandlerClient":
         return self
@@ -275,12 +425,22 @@ class SyncHandlerClient(HandlerOperations):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def response(self, request: ApiRequest) -> httpx.Response:
-        """The response to ``request`` as it is, whatever its status."""
-        try:
-            return self.http.request(**request.httpx_args())
-        except httpx.HTTPError as exc:
-            raise unreachable(self.base_url, exc) from exc
+    def response(self, request: ApiRequest, *, stream: bool = False) -> httpx.Response:
+        """The response to ``request`` as it is, whatever its status (``stream``: its body
+        not read yet unless the status is not 200; close it)."""
+        attempts = self.failover.attempts()
+        for url in attempts:
+            client = self.client(url)
+            try:
+                resp = client.send(client.build_request(**request.httpx_args()), stream=stream)
+                if resp.status_code != 200 and stream:
+                    resp.read()
+            except httpx.HTTPError as exc:
+                attempts.failed(url, exc)
+                continue
+            if attempts.answered(resp):
+                return resp
+        return attempts.outcome()
 
     def _call(self, request: ApiRequest):
         return request.answer(self.response(request))
@@ -309,11 +469,12 @@ class SyncHandlerClient(HandlerOperations):
         closes the stream. Raises :class:`Resync`, :class:`HandlerUnavailable` (the stream
         could not be opened or broke off) or :class:`HandlerError` (refused)."""
         request = stream_request(view_id, since)
+        resp = self.response(request, stream=True)
         try:
-            with self.http.stream(**request.httpx_args()) as resp:
-                if resp.status_code != 200:
-                    resp.read()
-                    raise api_error(request.what, resp.status_code, decoded_body(resp))
-                yield from stream_changes(resp.iter_lines())
+            if resp.status_code != 200:
+                raise api_error(request.what, resp.status_code, decoded_body(resp))
+            yield from stream_changes(resp.iter_lines())
         except httpx.HTTPError as exc:
-            raise unreachable(self.base_url, exc) from exc
+            raise unreachable(self.url, exc) from exc
+        finally:
+            resp.close()

@@ -20,6 +20,12 @@ a worker thread shortly after the mount is ready, or by the first S3 request if 
 earlier. Otherwise (credentials from a profile or a role) the client is made first, as
 the proofs need it.
 
+Proofs (:class:`Proofs`): the handler shows this mount's principal only the views it has
+proved it may list in S3 (docs/API.md, "Who sees what"); the proofs go with the
+registration (no extra round trip), a background task renews them at half their lifetime
+(``DELVEFS_PROOF_LIFETIME``), and a view request the handler answers as if it held none
+registers the views again with new ones, then is sent once more.
+
 Write path: dirty files journaled by an earlier (killed) mount of the same cache dir are
 recovered and uploaded by the core's background uploader; when the request loop ends
 (``umount``, SIGTERM/SIGINT) the daemon uploads everything still dirty before it exits
@@ -136,6 +142,104 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# ----------------------------------------------------------------- proofs
+
+def proof_prefixes(views) -> dict[str, list[str]]:
+    """``{bucket: [prefix, ...]}``: what this mount must prove it may list — the root of each
+    view as the handler computes it from the view's spec (the literal start of its object
+    glob, up to the last '/'), without roots below another root of the same bucket."""
+    from rulesets.model import default_root
+    roots: dict[str, set[str]] = {}
+    for v in views:
+        roots.setdefault(v.bucket, set()).add(default_root(v.object))
+    return {b: sorted(r for r in rs if not any(r != o and r.startswith(o) for o in rs))
+            for b, rs in sorted(roots.items())}
+
+
+class Proofs:
+    """This mount's proofs of S3 list rights for the event handler (docs/API.md, "Who sees
+    what"): presigned ListObjectsV2 URLs of each bucket and view root, bound to the mount's
+    principal, valid ``lifetime`` seconds. The handler lets the principal read the views
+    only as long as the URLs it was shown are valid, so :meth:`keep_fresh` presents new
+    ones at half their lifetime, and :meth:`reprove` (the handler client's hook) at once
+    when the handler answers a view request as if it held none: a restart lost them, or the
+    mount slept past their expiry. Signed without botocore when the settings have an
+    endpoint and static keys (``client`` None), else with the boto3 ``client``."""
+
+    def __init__(self, views, settings, principal: str, lifetime: int):
+        self.prefixes = proof_prefixes(views)
+        self.settings, self.principal, self.lifetime = settings, principal, lifetime
+        self.client = None
+        self.register = None      # async fn(proofs): registers the views with them
+        self.signed_at = 0.0      # trio time the proofs the handler holds were signed
+        self.renewed_at = float("-inf")
+        self._lock = None
+
+    def sign_lean(self) -> dict[str, list[str]] | None:
+        """Proofs presigned without botocore (None when the settings need it)."""
+        from ..shared import s3
+        proofs = {b: [s3.presign_list_url(self.settings, b, prefix=p, principal=self.principal,
+                                          expires=self.lifetime) for p in prefixes]
+                  for b, prefixes in self.prefixes.items()}
+        return None if any(None in urls for urls in proofs.values()) else proofs
+
+    async def sign(self) -> dict[str, list[str]]:
+        import trio
+
+        from ..shared import s3
+        if self.client is None:
+            return self.sign_lean()
+        return {b: [await trio.to_thread.run_sync(functools.partial(
+                    s3.presigned_list_url, self.client, b, prefix=p, principal=self.principal,
+                    expires=self.lifetime)) for p in prefixes]
+                for b, prefixes in self.prefixes.items()}
+
+    def presented(self, signed_at: float) -> None:
+        """The handler accepted proofs signed at ``signed_at`` (trio time)."""
+        import trio
+        self.signed_at = signed_at
+        self.renewed_at = trio.current_time()
+
+    async def keep_fresh(self, handler) -> None:
+        """Present new proofs at half the lifetime of the last ones; after a failure, retry
+        soon (the handler's grants last until the old proofs expire)."""
+        import trio
+        while True:
+            await trio.sleep_until(self.signed_at + self.lifetime / 2)
+            try:
+                async with self._guard():
+                    signed_at = trio.current_time()
+                    await handler.prove(await self.sign())
+                    self.presented(signed_at)
+            except Exception as exc:  # noqa: BLE001 — the handler, or signing (credentials); the mount goes on
+                log.warning("renewing the proofs of S3 list rights with the event handler: %s", exc)
+                await trio.sleep(min(30.0, self.lifetime / 10))
+
+    async def reprove(self) -> None:
+        """Register the views again with new proofs, unless another task did since the
+        handler's answer that asks for it."""
+        import trio
+        asked = trio.current_time()
+        async with self._guard():
+            if self.renewed_at >= asked:
+                return
+            signed_at = trio.current_time()
+            try:
+                proofs = await self.sign()
+            except Exception as exc:  # noqa: BLE001 — the request's own refusal stands
+                log.warning("cannot sign new proofs of S3 list rights: %s", exc)
+                return
+            await self.register(proofs)
+            self.presented(signed_at)
+            log.info("presented new proofs to the event handler (it held none valid)")
+
+    def _guard(self):
+        import trio
+        if self._lock is None:
+            self._lock = trio.Lock()
+        return self._lock
+
+
 # ----------------------------------------------------------------- serve
 
 async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
@@ -145,12 +249,13 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
     import trio
 
     from ..shared import s3
-    from ..shared.config import S3Settings, copy_threshold
+    from ..shared.config import S3Settings, copy_threshold, handler_principal, proof_lifetime
     from ..shared.quietgc import QuietGC
     from . import fuse_adapter
     from .datacache import DataCache
     from .fs.core import FileSystem
-    from .s3async import S3Store, StoreError
+    from .errors import StoreError
+    from .s3async import S3Store
     from .handler_api import HandlerClient, HandlerError, HandlerUnavailable
 
     settings = S3Settings.from_env()
@@ -159,12 +264,15 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
                                     connect_timeout=S3_CONNECT_TIMEOUT, read_timeout=S3_READ_TIMEOUT)
     # with an endpoint and static keys, the proofs are presigned without botocore and the
     # buckets checked with them: boto3 (~0.3 s of CPU) is loaded after the mount is ready
-    proofs = {b: s3.presign_list_url(settings, b) for b in buckets}
-    lazy = all(proofs.values())
+    proof_keeper = Proofs(views, settings, handler_principal(token), proof_lifetime())
+    signed_at = trio.current_time()
+    proofs = proof_keeper.sign_lean()
+    lazy = proofs is not None
 
     async with contextlib.AsyncExitStack() as stack:
         handler = HandlerClient(handler_url, token, timeout=HANDLER_TIMEOUT)
         stack.push_async_callback(handler.aclose)
+        handler.reprove = proof_keeper.reprove
         if lazy:
             # static keys: deletes, HEADs, small PUTs and downloads without botocore (s3.LeanClient)
             lean = s3.LeanClient(settings, attempts=S3_ATTEMPTS, connect_timeout=S3_CONNECT_TIMEOUT,
@@ -176,8 +284,9 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
                                 copy_threshold=copy_threshold())
             except Exception as exc:  # noqa: BLE001
                 raise MountError(f"S3 client: {exc}") from None
-            proofs = {b: await trio.to_thread.run_sync(s3.presigned_list_url, store.client, b)
-                      for b in buckets}
+            proof_keeper.client = store.client
+            signed_at = trio.current_time()
+            proofs = await proof_keeper.sign()
         stack.callback(store.close)
         endpoint = settings.endpoint_url or store.client.meta.endpoint_url
 
@@ -194,14 +303,20 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             for bucket in buckets:
                 try:
                     # static keys: GET the proof, keeping botocore off the way to ready
-                    await store.check_bucket(bucket, proof=proofs[bucket] if lazy else None)
+                    await store.check_bucket(bucket, proof=proofs[bucket][0] if lazy else None)
                 except StoreError as exc:
                     errors.setdefault("s3", f"S3 bucket {bucket} at {endpoint}: {exc}")
                     return
 
+        client_name = f"{socket.gethostname()}:{os.getpid()}:{mountpoint}"
+        proof_keeper.register = functools.partial(core.register, client_name)
+        # a view the handler does not know (it lost its state) is registered again, with new proofs
+        core.reregister = proof_keeper.reprove
+
         async def register():
             try:
-                await core.register(f"{socket.gethostname()}:{os.getpid()}:{mountpoint}", proofs)
+                await core.register(client_name, proofs)
+                proof_keeper.presented(signed_at)
             except HandlerUnavailable as exc:
                 errors["handler"] = f"cannot reach the event handler at {handler_url}: {exc}"
             except HandlerError as exc:
@@ -262,6 +377,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             await trio.to_thread.run_sync(os.stat, mountpoint)
             nursery.start_soon(core.prefetch)
             ready()
+            nursery.start_soon(proof_keeper.keep_fresh, handler)
             if lazy:
                 nursery.start_soon(_warm, store, cache)
         log.info("unmounted %s", mountpoint)

@@ -19,7 +19,7 @@ import time
 import trio
 
 from ..shared import s3
-from .errors import Changed, StoreError, store_error  # noqa: F401 — Changed: raised by S3Store too
+from .errors import StoreError, store_error
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,10 @@ after the last version seen (``Last-Event-ID``), and when the handler answers
 ``resync`` (its change log no longer reaches back) the view is listed again and
 only keys not present before are printed — so no file is printed twice or missed,
 also when the handler restarts meanwhile.
+
+While the handler does not answer, watch says so on stderr, once ("event handler
+unreachable ..."), and again when it answers ("... answers again"); stdout stays the list
+of paths. (The mount meanwhile serves its last listing: ``user.delvefs.stale``.)
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from pathlib import Path
 
 from ..shared.config import handler_token
 from .fs.inodes import relative_path
-from .handler_api import HandlerError, Resync, SyncHandlerClient
+from .handler_api import HandlerError, HandlerUnavailable, Resync, SyncHandlerClient
 
 log = logging.getLogger("delvefs.client.watch")
 VIEW_XATTR = "user.delvefs.view"
@@ -75,6 +79,7 @@ class Watcher:
         self.handler = SyncHandlerClient(self.view.handler, token, timeout=STREAM_READ_TIMEOUT)
         self.present: set[str] = set()
         self.version = 0
+        self.outage: str | None = None  # why the handler does not answer, while it does not
 
     # --- state ---------------------------------------------------------------------------
 
@@ -108,6 +113,41 @@ class Watcher:
             self.present.add(key)
             self.emit([key], self.version)
 
+    # --- the handler's outages -----------------------------------------------------------
+
+    def unreachable(self, exc: HandlerError) -> None:
+        """The handler did not answer: said once per outage."""
+        if self.outage is None:
+            if exc.code == "scanning":
+                log.warning("the event handler is still scanning the bucket of view %s (%s "
+                            "objects listed so far): waiting for it", self.view.name,
+                            exc.body.get("listed", "?"))
+            else:
+                log.warning("event handler unreachable (%s): no new files are printed until it "
+                            "answers again; retrying", exc)
+        self.outage = str(exc)
+
+    def answered(self) -> None:
+        if self.outage is not None:
+            log.warning("event handler answers again: catching up on view %s", self.view.name)
+            self.outage = None
+
+    def until_answered(self, request) -> None:
+        """Call ``request`` until the handler answers it (retries after a growing delay)."""
+        delay = 0.1
+        while True:
+            try:
+                request()
+            except HandlerUnavailable as exc:
+                self.unreachable(exc)
+            else:
+                self.answered()
+                return
+            if not self.view_dir.is_dir():
+                raise WatchError(f"{self.view_dir} is gone (unmounted?)")
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
     # --- the stream ----------------------------------------------------------------------
 
     def follow(self) -> None:
@@ -116,7 +156,7 @@ class Watcher:
             self.apply(change)
 
     def run(self, existing: bool) -> None:
-        self.relist(print_new=existing)
+        self.until_answered(lambda: self.relist(print_new=existing))
         # Files that appear from now on are printed; scripts may wait for this line.
         log.info("watching %s: %d files present, version %d", self.view_dir, len(self.present), self.version)
         delay = 0.1
@@ -125,9 +165,11 @@ class Watcher:
                 self.follow()
             except Resync:
                 log.warning("handler asked for a resync of view %s: listing it again", self.view.name)
-                self.relist(print_new=True)
+                self.until_answered(lambda: self.relist(print_new=True))
                 delay = 0.1
                 continue
+            except HandlerUnavailable as exc:
+                self.unreachable(exc)
             except HandlerError as exc:
                 if exc.status in (401, 403, 404):
                     raise WatchError(f"handler refused view {self.view.name}: {exc}") from None
@@ -139,9 +181,10 @@ class Watcher:
             try:
                 # The handler may have been reset: a version it no longer knows is a 410.
                 self.handler.health()
+                self.answered()
                 delay = 0.1
-            except HandlerError:
-                pass
+            except HandlerError as exc:
+                self.unreachable(exc)
 
 
 def run(args) -> int:

@@ -27,9 +27,12 @@ VENV_BIN = Path(sys.executable).parent
 class HandlerProcess:
     def __init__(self, env: dict, state_dir: Path, *, token: str | None = "test-token",
                  queue: str | None = None, log_path: Path | None = None, extra_env: dict | None = None,
-                 file_size_limit: int | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+                 file_size_limit: int | None = None, port: int | None = None,
+                 tls: tuple[Path, Path] | None = None):
+        self.port = port or free_port()
+        # tls: (certificate, key) to serve HTTPS; clients verify it with $DELVEFS_HANDLER_CA
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.state_dir = Path(state_dir)
         self.token = token
         self.queue = queue or f"h-{uuid.uuid4().hex[:10]}"
@@ -47,25 +50,38 @@ class HandlerProcess:
         # for tests of the API itself: requests of their own, answers as they are
         self.http = self.api.http
 
-    def start(self, timeout: float = 30) -> "HandlerProcess":
+    def start(self, timeout: float = 30, *, standby: bool = False) -> "HandlerProcess":
+        """Start the process; return once it consumes or, ``standby``, once it stands by
+        (another handler holds its state directory's lock)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(VENV_BIN / "delvefs"), "eventhandler", "--state-dir", str(self.state_dir),
-                 "--listen", f"127.0.0.1:{self.port}"],
+                 "--listen", f"127.0.0.1:{self.port}",
+                 *(["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else [])],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 preexec_fn=self._limit_file_size if self.file_size_limit else None)
+        wanted = "standby" if standby else "active"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"handler exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if self.api.health(timeout=1)["amqp"] == "connected":
-                    return self
-            except HandlerError:
-                pass
+            role = self.role()
+            if role == wanted:
+                return self
+            if role == "active":
+                raise RuntimeError(f"handler is active, not standing by:\n{self.log_tail()}")
             time.sleep(0.05)
-        raise RuntimeError(f"handler not ready after {timeout} s:\n{self.log_tail()}")
+        raise RuntimeError(f"handler not {wanted} after {timeout} s:\n{self.log_tail()}")
+
+    def role(self) -> str:
+        """"active" (consuming), "standby" (waiting for the state lock) or "starting"
+        (not answering yet, or not connected to the broker)."""
+        try:
+            health = self.api.health(timeout=1)
+        except HandlerError as exc:
+            return "standby" if exc.code == "standby" else "starting"
+        return "active" if health["amqp"] == "connected" else "starting"
 
     def _limit_file_size(self) -> None:  # in the child, before exec
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write(), not a kill
@@ -117,6 +133,28 @@ class HandlerProcess:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+
+class HandlerGroup:
+    """The handler processes of one test or benchmark: all stopped, and their queues
+    deleted, at :meth:`close`."""
+
+    def __init__(self, env: dict, amqp_url: str):
+        self.env, self.amqp_url = env, amqp_url
+        self.started: list[HandlerProcess] = []
+
+    def start(self, state_dir: Path, *, standby: bool = False, **options) -> HandlerProcess:
+        """A started :class:`HandlerProcess` (options: its constructor's)."""
+        h = HandlerProcess(self.env, state_dir, **options)
+        self.started.append(h)
+        return h.start(standby=standby)
+
+    def close(self) -> None:
+        for h in self.started:
+            h.close()
+        pub = Publisher(self.amqp_url)
+        pub.delete_queue(*{h.queue for h in self.started})
+        pub.close()
 
 
 def spec(bucket: str, **rules) -> dict:

@@ -188,12 +188,15 @@ class MinIO:
 
     ``queue_dir``: when set, MinIO persists events on disk while the broker is
     unreachable (no loss) at the price of delivery latency (docs/ARCHITECTURE.md).
+    ``publisher_confirms``: MinIO waits for the broker to confirm each event (on by default:
+    an event the broker accepted but did not keep is then a failed send, not a silent loss).
     """
 
     data_dir: Path
     amqp_url: str
     exchange: str = DEFAULT_EXCHANGE
     queue_dir: Path | None = None
+    publisher_confirms: bool = True
     port: int = field(default_factory=free_port)
     console_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
@@ -240,6 +243,8 @@ class MinIO:
             f"MINIO_NOTIFY_AMQP_ROUTING_KEY_{t}": "",
             f"MINIO_NOTIFY_AMQP_DURABLE_{t}": "on",
             f"MINIO_NOTIFY_AMQP_DELIVERY_MODE_{t}": "2",
+            # this MinIO's name for publisher_confirms ("PUBLISHER_CONFIRMS" would be ignored)
+            f"MINIO_NOTIFY_AMQP_PUBLISHING_CONFIRMS_{t}": "on" if self.publisher_confirms else "off",
         }
         if self.queue_dir is not None:
             self.queue_dir.mkdir(parents=True, exist_ok=True)
@@ -282,6 +287,7 @@ class LocalServices:
 
     base_dir: Path
     queue_dir: bool = False
+    publisher_confirms: bool = True
     rabbit: RabbitMQ | None = None
     minio: MinIO | None = None
 
@@ -294,7 +300,8 @@ class LocalServices:
         self.rabbit.start()
         try:
             self.minio = MinIO(self.base_dir / "minio" / "data", self.rabbit.url,
-                               queue_dir=self.base_dir / "minio" / "events" if self.queue_dir else None)
+                               queue_dir=self.base_dir / "minio" / "events" if self.queue_dir else None,
+                               publisher_confirms=self.publisher_confirms)
             self.minio.start()
         except BaseException:
             self.rabbit.stop()

@@ -5,6 +5,7 @@ One place that knows the environment variable names and their defaults.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 DEFAULT_EXCHANGE = "delvefs"
@@ -56,8 +57,60 @@ def notify_arn(env=os.environ) -> str:
 
 
 def handler_url(flag: str | None = None, env=os.environ) -> str:
+    """Where clients find the handler: ``--handler``, else $DELVEFS_HANDLER_URL; a
+    comma-separated list names the active handler and its standbys (:func:`handler_urls`)."""
     return flag or env.get("DELVEFS_HANDLER_URL") or DEFAULT_HANDLER_URL
+
+
+def handler_urls(urls: str | list[str]) -> list[str]:
+    """The handler URLs of a comma-separated list (or of a list), in the order given,
+    without trailing slashes."""
+    parts = urls.split(",") if isinstance(urls, str) else urls
+    found = [u.strip().rstrip("/") for u in parts if u.strip()]
+    if not found:
+        raise ValueError(f"no handler URL in {urls!r}")
+    return found
 
 
 def handler_token(env=os.environ) -> str | None:
     return env.get("DELVEFS_HANDLER_TOKEN") or None
+
+
+# ---- principals and proofs (docs/API.md, "Who sees what") ------------------------------
+
+# the principal of a token not issued by ``delvefs principal add`` (e.g. a hand-made
+# DELVEFS_HANDLER_TOKEN), and of every caller of a handler that has no principals
+DEFAULT_PRINCIPAL = "default"
+# issued tokens are ``<name>.<secret>``: a client knows its principal without asking
+PRINCIPAL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
+_ISSUED_TOKEN = re.compile(rf"({PRINCIPAL_NAME_PATTERN})\.[A-Za-z0-9_-]{{43}}")
+# the longest proof lifetime the handler accepts (seconds); proofs are presigned for
+# DELVEFS_PROOF_LIFETIME (default 900) and renewed at half of it
+MAX_PROOF_LIFETIME = 3600
+DEFAULT_PROOF_LIFETIME = 900
+
+
+def principal_of_token(token: str | None) -> str:
+    """The principal name a token stands for: ``NAME`` of an issued ``NAME.<secret>``
+    token, else :data:`DEFAULT_PRINCIPAL`."""
+    m = _ISSUED_TOKEN.fullmatch(token) if token else None
+    return m.group(1) if m else DEFAULT_PRINCIPAL
+
+
+def handler_principal(token: str | None, env=os.environ) -> str:
+    """The principal a client with ``token`` binds its proofs to: ``DELVEFS_HANDLER_PRINCIPAL``,
+    else the one the token names."""
+    return env.get("DELVEFS_HANDLER_PRINCIPAL") or principal_of_token(token)
+
+
+def proof_lifetime(env=os.environ) -> int:
+    """Seconds a client's proofs are presigned for (``DELVEFS_PROOF_LIFETIME``), 10 to
+    :data:`MAX_PROOF_LIFETIME`."""
+    value = env.get("DELVEFS_PROOF_LIFETIME")
+    return max(10, min(int(value), MAX_PROOF_LIFETIME)) if value else DEFAULT_PROOF_LIFETIME
+
+
+def handler_ca(env=os.environ) -> str | None:
+    """A CA bundle (PEM file) that verifies an https handler URL (``DELVEFS_HANDLER_CA``);
+    None: the default CAs."""
+    return env.get("DELVEFS_HANDLER_CA") or None

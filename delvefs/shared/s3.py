@@ -18,6 +18,7 @@ functions serve both; credentials from a profile or a role use boto3 for everyth
 """
 from __future__ import annotations
 
+import contextvars
 import datetime
 import hashlib
 import hmac
@@ -31,7 +32,7 @@ import threading
 import time
 import urllib.parse
 
-from .config import MAX_SINGLE_COPY, S3Settings
+from .config import DEFAULT_PRINCIPAL, DEFAULT_PROOF_LIFETIME, MAX_SINGLE_COPY, S3Settings
 
 S3_EVENTS = ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
 
@@ -108,14 +109,41 @@ def wire_notifications(client, bucket: str, arn: str) -> None:
 
 # --- read path of the FUSE client (delvefs.store calls these from worker threads) ---
 
-def presigned_list_url(client, bucket: str, expires: int = 300) -> str:
-    """A presigned ListObjectsV2 URL (max-keys=0) of ``bucket``: the proof, sent to the
-    handler, that these credentials may list the bucket (docs/API.md, POST /v1/views)."""
-    return client.generate_presigned_url(
-        "list_objects_v2", Params={"Bucket": bucket, "MaxKeys": 0}, ExpiresIn=expires)
+# The query parameter that binds a proof to the handler principal presenting it. Every query
+# parameter of a presigned URL is signed, so it cannot be changed or dropped without
+# invalidating the signature; S3 ignores query parameters beginning with "x-" (it only logs
+# them), and MinIO accepts them (tests/integration/test_handler_auth.py).
+PRINCIPAL_PARAM = "x-delvefs-principal"
+# the principal presigned_list_url binds a proof to while it runs (read by _bind_principal)
+_presign_principal: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "delvefs_presign_principal", default=None)
 
 
-def presign_list_url(settings: S3Settings, bucket: str, expires: int = 300,
+def _bind_principal(request, **_) -> None:
+    """botocore ``before-sign`` hook: the principal parameter, in presigned URLs only."""
+    principal = _presign_principal.get()
+    if principal is not None and request.context.get("is_presign_request"):
+        request.params[PRINCIPAL_PARAM] = principal
+
+
+def presigned_list_url(client, bucket: str, *, prefix: str = "", principal: str = DEFAULT_PRINCIPAL,
+                       expires: int = DEFAULT_PROOF_LIFETIME) -> str:
+    """A presigned ListObjectsV2 URL (max-keys=0) of ``bucket`` under ``prefix``, bound to
+    the handler ``principal``: the proof, sent to the handler, that these credentials may
+    list that prefix (docs/API.md, "Who sees what")."""
+    client.meta.events.register("before-sign.s3.ListObjectsV2", _bind_principal,
+                                unique_id="delvefs-bind-principal")
+    reset = _presign_principal.set(principal)
+    try:
+        return client.generate_presigned_url(
+            "list_objects_v2", Params={"Bucket": bucket, "MaxKeys": 0, "Prefix": prefix},
+            ExpiresIn=expires)
+    finally:
+        _presign_principal.reset(reset)
+
+
+def presign_list_url(settings: S3Settings, bucket: str, *, prefix: str = "",
+                     principal: str = DEFAULT_PRINCIPAL, expires: int = DEFAULT_PROOF_LIFETIME,
                      now: datetime.datetime | None = None) -> str | None:
     """The same proof as :func:`presigned_list_url` (path-style, SigV4 query signature)
     without botocore: from ``settings`` alone. None when the settings lack an endpoint or
@@ -130,7 +158,8 @@ def presign_list_url(settings: S3Settings, bucket: str, expires: int = 300,
     scope = f"{day}/{region}/s3/aws4_request"
     host = _canonical_host(ep)
     path = ep.path.rstrip("/") + "/" + urllib.parse.quote(bucket, safe="-_.~")
-    params = {"list-type": "2", "max-keys": "0", "encoding-type": "url", "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
+    params = {"list-type": "2", "max-keys": "0", "prefix": prefix, "encoding-type": "url",
+              PRINCIPAL_PARAM: principal, "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
               "X-Amz-Credential": f"{settings.access_key}/{scope}", "X-Amz-Date": amz_date,
               "X-Amz-Expires": str(int(expires)), "X-Amz-SignedHeaders": "host"}
     if settings.session_token:  # temporary credentials: signed, in the query (as botocore)

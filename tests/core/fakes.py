@@ -14,12 +14,24 @@ from delvefs.client.handler_api import Resync
 
 
 class FakeHandler:
+    """The handler's API (docs/API.md), and its outages: ``fail`` (unreachable: refused at
+    once), ``hang`` (stopped: a request waits ``timeout`` seconds, as the client's would, or
+    is answered as soon as ``hang`` is cleared), ``scanning`` (the bucket's first scan runs:
+    listings are held ``scan_hold`` seconds, then answered 503 "scanning" with ``scan_listed``
+    as progress; changes at once) and :meth:`lose_state` (404 for every view id until it is
+    registered again; versions start anew, so older ones are 410)."""
+
     def __init__(self):
         self.views: dict[str, dict] = {}     # id -> state
         self.by_name: dict[str, str] = {}
+        self.known: set[str] = set()         # ids registered since the state was lost
         self.calls = {"register": 0, "list": 0, "changes": 0}
         self.fail = False
-        self.scanning = False  # answer as while the bucket's first scan runs (503 scanning)
+        self.hang = False
+        self.timeout = 20.0
+        self.scanning = False
+        self.scan_hold = 10.0
+        self.scan_listed = 0
 
     def _state(self, name: str) -> dict:
         vid = self.by_name.setdefault(name, f"id-{name}")
@@ -44,24 +56,50 @@ class FakeHandler:
         st["log"].clear()
         st["min"] = st["version"]
 
-    def _check(self, reading: bool = True):
-        from delvefs.client.handler_api import HandlerUnavailable
+    def lose_state(self):
+        """A handler restarted on a new state directory: it knows no view (404) until one is
+        registered again, and its versions start above every old one."""
+        self.known.clear()
+        for st in self.views.values():
+            st["version"] += 1_000_000
+            st["log"].clear()
+            st["min"] = st["version"]
+
+    async def _answer(self, view_id: str | None = None, *, listing: bool = False):
+        """Fail (or wait) as the handler's state says, before an answer."""
+        import trio
+
+        from delvefs.client.handler_api import HandlerError, HandlerUnavailable
+        deadline = trio.current_time() + self.timeout
+        while self.hang:
+            if trio.current_time() >= deadline:
+                raise HandlerUnavailable("event handler at fake unreachable: ReadTimeout: timed out")
+            await trio.sleep(0.05)
         if self.fail:
             raise HandlerUnavailable("fake handler down")
-        if self.scanning and reading:
-            raise HandlerUnavailable("listing: HTTP 503 scanning: still being built", 503, "scanning")
+        if view_id is not None and view_id not in self.known:
+            raise HandlerError(f"view {view_id}: HTTP 404 not_found: no view {view_id}", 404, "not_found")
+        if self.scanning and view_id is not None:
+            if listing:  # held while the scan runs, as with the client's `wait`
+                with trio.move_on_after(self.scan_hold):
+                    while self.scanning:
+                        await trio.sleep(0.05)
+            if self.scanning:
+                raise HandlerUnavailable("listing: HTTP 503 scanning: still being built", 503, "scanning",
+                                         {"error": "scanning", "listed": self.scan_listed})
 
     async def register(self, client, views, proof):
-        self._check(reading=False)
+        await self._answer()
         self.calls["register"] += 1
         out = []
         for v in views:
             st = self._state(v["name"])
+            self.known.add(self.by_name[v["name"]])
             out.append({"name": v["name"], "id": self.by_name[v["name"]], "version": st["version"]})
         return out
 
-    async def list_page(self, view_id, after, limit=50000):
-        self._check()
+    async def list_page(self, view_id, after, limit=50000, *, hold=True):
+        await self._answer(view_id, listing=hold)
         self.calls["list"] += 1
         st = self.views[view_id]
         keys = sorted((k for k in st["objects"] if after is None or k > after),
@@ -71,7 +109,7 @@ class FakeHandler:
                 "next": page[-1] if len(keys) > limit else None}
 
     async def changes(self, view_id, since, limit=50000, wait=0):
-        self._check()
+        await self._answer(view_id)
         self.calls["changes"] += 1
         st = self.views[view_id]
         if since < st["min"]:

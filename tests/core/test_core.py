@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 
 import pytest
 import trio
@@ -356,42 +357,59 @@ async def test_directory_shadows_file_of_same_name(make_world, mock_clock):
     assert not a.is_dir and await w.read("v/a") == b"file"
 
 
-async def test_handler_down_is_eio(make_world, mock_clock):
+async def test_handler_down_is_eio_for_a_view_never_listed_only(make_world, mock_clock):
     w = make_world()
+    w.add("v", "data/a", b"x")
     await w.start()
     top = await w.path("v")
     w.handler.fail = True
     with pytest.raises(FsError) as e:
         await w.fs.lookup(top.ino, "x")
     assert e.value.errno == errno.EIO
+    w.handler.fail = False
+    assert await w.names("v") == ["a"]
+    w.handler.fail = True
+    mock_clock.jump(3)  # the ttl is over: a listed view is served its last listing
+    assert await w.names("v") == ["a"]
+    assert await w.fs.lookup(top.ino, "x") is None
 
 
-async def test_a_bucket_still_being_scanned_is_eagain_until_it_is_ready(make_world):
+async def test_a_first_listing_waits_for_the_bucket_scan_its_waiters_share(make_world, mock_clock,
+                                                                            caplog):
+    mock_clock.autojump_threshold = 0
+    caplog.set_level(logging.INFO, "delvefs.client.fs.views")
     w = make_world()
     w.add("v", "data/a", b"x")
     w.handler.scanning = True
     await w.start()
     top = await w.path("v")
-    errors = []
+    found = []
 
     async def look():
-        try:
-            await w.fs.lookup(top.ino, "a")
-        except FsError as exc:
-            errors.append(exc.errno)
+        found.append(await w.fs.lookup(top.ino, "a"))
     attempts = []
     list_page = w.handler.list_page
 
     async def counted(*args, **kw):
-        attempts.append(args)
+        attempts.append(trio.current_time())
         return await list_page(*args, **kw)
     w.handler.list_page = counted
-    async with trio.open_nursery() as nursery:  # waiters share one attempt and its answer
+
+    async def scan_done_after(seconds):
+        await trio.sleep(seconds)
+        w.handler.scan_listed = 1
+        w.handler.scanning = False
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:  # waiters share one listing and its answer
         for _ in range(3):
             nursery.start_soon(look)
-    assert errors == [errno.EAGAIN] * 3
-    assert len(attempts) == 1
-    w.handler.scanning = False
+        nursery.start_soon(scan_done_after, 25)
+    assert [n.size for n in found] == [1, 1, 1]
+    assert trio.current_time() - start == pytest.approx(25, abs=0.1)
+    assert len(attempts) == 3  # one listing, asking again each time the handler held it 10 s
+    assert w.fs.views[0].lists == 1
+    waits = [r for r in caplog.records if "waiting for the event handler's first scan" in r.message]
+    assert len(waits) == 2 and "bucket b" in waits[0].message
     assert (await w.path("v/a")).size == 1
 
 

@@ -384,7 +384,7 @@ async def test_view_and_sync_xattrs(make_world):
     w = make_world(wview("v"), wview("f", layout="flat"))
     await w.start()
     top = await w.path("v")
-    assert await w.fs.listxattr(top.ino) == ["user.delvefs.view"]
+    assert await w.fs.listxattr(top.ino) == ["user.delvefs.view", "user.delvefs.stale"]
     info = json.loads(await w.fs.getxattr(top.ino, "user.delvefs.view"))
     assert info == {"id": "id-v", "name": "v", "handler": None, "bucket": "b", "root": "data/",
                     "layout": "tree", "version": w.fs.views[0].version}

@@ -174,10 +174,13 @@ def test_umount_waits_for_daemon(mounts, s3, bucket):
     assert mounted_fstype(str(mp)) is None
 
 
-def test_a_handler_that_stops_answering_is_eio_within_the_timeout(mounts, handler, s3, bucket):
+def test_a_handler_that_stops_answering_leaves_a_listed_view_served_not_eio(mounts, handler, s3,
+                                                                            bucket):
     """The handler is alive but does not answer (SIGSTOP): once the listing's ttl is over,
-    an operation that needs the handler fails with EIO after DELVEFS_HANDLER_TIMEOUT, not
-    a hang; when the handler answers again, so does the mount."""
+    an operation that needs a refresh is answered from the last listing within
+    DELVEFS_STALE_AFTER (2 s) — not EIO after DELVEFS_HANDLER_TIMEOUT, not a hang — and the
+    view says it is stale; when the handler answers again, so does the mount. (A view never
+    listed is EIO after the timeout: tests/core/test_outage.py.)"""
     put(s3, bucket, "data/a", b"x")
     mp = mounts.mount(tree_views(bucket), env={**mounts.env, "DELVEFS_HANDLER_TIMEOUT": "2"})
     wait_until(lambda: listdir(mp / "data") == ["a"], CHANGE_TIMEOUT, "listed")
@@ -186,9 +189,10 @@ def test_a_handler_that_stops_answering_is_eio_within_the_timeout(mounts, handle
     try:
         wait_until(lambda: time.monotonic() - listed_at > TTL, 5, "the listing's ttl is over")
         t = time.monotonic()
-        with pytest.raises(OSError) as e:
-            os.listdir(mp / "data")
-        assert e.value.errno == errno.EIO and time.monotonic() - t < 10
+        assert os.listdir(mp / "data") == ["a"] and time.monotonic() - t < 10
+        assert os.getxattr(mp / "data", "user.delvefs.stale").startswith(b"1 since ")
     finally:
         handler.proc.send_signal(signal.SIGCONT)
-    wait_until(lambda: listdir(mp / "data") == ["a"], 20, "answers again")
+    # (each listdir after the ttl asks for a refresh; the xattr asks nothing)
+    wait_until(lambda: listdir(mp / "data") == ["a"]
+               and os.getxattr(mp / "data", "user.delvefs.stale") == b"0", 30, "answers again")

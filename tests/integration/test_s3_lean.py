@@ -13,7 +13,8 @@ import pytest
 
 from delvefs.shared import s3 as s3api
 from delvefs.shared.config import S3Settings
-from delvefs.client.s3async import S3Store, StoreError
+from delvefs.client.errors import StoreError
+from delvefs.client.s3async import S3Store
 
 pytestmark = [pytest.mark.services, pytest.mark.trio]
 

@@ -12,7 +12,8 @@ import trio
 from delvefs.shared import s3 as s3mod
 from delvefs.client.datacache import Download
 from delvefs.shared.config import S3Settings
-from delvefs.client.s3async import Changed, S3Store, StoreError
+from delvefs.client.errors import Changed, StoreError
+from delvefs.client.s3async import S3Store
 
 pytestmark = [pytest.mark.services]
 

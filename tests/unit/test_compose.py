@@ -60,6 +60,7 @@ def test_minio_publishes_to_the_exchange_the_handler_consumes(compose):
     target = "PRIMARY"
     for suffix in ("ENABLE", "URL", "EXCHANGE", "EXCHANGE_TYPE", "DURABLE", "DELIVERY_MODE"):
         assert f"MINIO_NOTIFY_AMQP_{suffix}_{target}" in minio
+    assert minio[f"MINIO_NOTIFY_AMQP_PUBLISHING_CONFIRMS_{target}"] == "on"
     assert minio[f"MINIO_NOTIFY_AMQP_EXCHANGE_{target}"] == handler["DELVEFS_AMQP_EXCHANGE"]
     assert minio[f"MINIO_NOTIFY_AMQP_EXCHANGE_TYPE_{target}"] == "fanout"
     assert handler["DELVEFS_NOTIFY_ARN"] == f"arn:minio:sqs::{target}:amqp"

@@ -10,7 +10,8 @@ directly with a fake handler and a fake store; the mount drives it through
 It is one object; its operations live in one module per concern, and the state they
 share is made here:
 
-``views``       the views, their listings and delta refreshes, which view an object is in
+``views``       the views, their listings and delta refreshes (each a task of its own),
+                their staleness while the handler does not answer, which view an object is in
 ``tree``        edits of the directory tree (never awaiting), the overlay of local changes
 ``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs
 ``reads``       open, read, release
@@ -44,7 +45,7 @@ from .inodes import InodeTable
 from .namespace import Namespace
 from .reads import FileHandle, Reads
 from .tree import OVERLAY_BOUND, Tree
-from .views import ViewState, Views
+from .views import STALE_AFTER, ViewState, Views, scan_wait
 from .writes import Writes
 from .xattrs import Xattrs
 
@@ -79,6 +80,13 @@ class FileSystem(Attributes, Reads, Writes, Namespace, Xattrs, Views, Tree):
             vs.top = self.table.new_dir(root, view.name, vs, vs.root, now_ns)
             self.views.append(vs)
         self.by_name = {vs.name: vs for vs in self.views}
+        # handler outages (views): how long an operation on a listed view waits for a
+        # refresh, and one on a view never listed for its bucket's first scan
+        self.stale_after = STALE_AFTER
+        self.scan_wait = scan_wait()
+        self.reregister = None  # async (): register the views again (set by the mount)
+        self.registration: tuple[str, dict] | None = None  # (client, proofs) of the last one
+        self.registrations = 0
         self._matcher_obj = None
         self._fh = itertools.count(1)
         self.dirs: dict[int, DirHandle] = {}

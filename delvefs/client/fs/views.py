@@ -4,8 +4,24 @@ A view's listing is fetched on first use (paged, each page applied to the tree a
 arrives), then trusted for the view's ``ttl``. The first operation on a view after that
 asks the handler for the changes since the last version (a delta) and applies them; a
 410 from the handler means "too old": the view is listed again and nodes not seen are
-swept. One refresh per view runs at a time; other operations on the view wait for it
-(:class:`Refresh`) and share its failure.
+swept.
+
+One refresh per view runs at a time, in a task of its own (:meth:`Views._start_refresh`:
+an operation that stops waiting for it leaves it running); operations on the view wait
+for it (:class:`Refresh`) and share its outcome:
+
+- A view never listed waits for its listing and fails with the refresh's error
+  (``handler_failure``). While the handler's first scan of the bucket runs, the listing
+  waits for the scan, up to ``scan_wait`` (``DELVEFS_SCAN_WAIT``, an hour), logging its
+  progress.
+- A view with a listing waits at most ``stale_after`` seconds (``DELVEFS_STALE_AFTER``,
+  2 s) from the refresh's start, then is served the last listing: it is *stale* (logged
+  once per outage, shown by ``user.delvefs.stale``). The refresh goes on; after a failed
+  one, the next is started by the first operation after a backoff (1 s, doubling up to
+  10 s), and operations meanwhile do not wait. The first refresh that succeeds makes the
+  view fresh again: a delta covers the gap, a 410 relists.
+- A 404 (the handler does not know the view: it lost its state) registers the views again
+  (``reregister``: the mount's, with its proofs) and lists the view again.
 
 Which view an object belongs to is the compiled matcher's answer (``can_match``): the
 write side asks it before every upload, rename and retag.
@@ -14,19 +30,41 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import trio
 
 from ..errors import FsError, handler_failure
-from ..handler_api import HandlerError, Resync
+from ..handler_api import HandlerError, HandlerUnavailable, Resync
 from .inodes import Dir, Node, relative_path
 
 if TYPE_CHECKING:
     from .tree import Pending
 
 log = logging.getLogger(__name__)
+
+# how long an operation on a view with a listing waits for a refresh before it is served
+# the last listing (the refresh goes on)
+STALE_AFTER = float(os.environ.get("DELVEFS_STALE_AFTER", "2"))
+RETRY_FIRST, RETRY_MAX = 1.0, 10.0  # backoff between failed refreshes of a stale view
+KERNEL_REQUEST_TIMEOUT = "/proc/sys/fs/fuse/default_request_timeout"
+
+
+def scan_wait() -> float:
+    """How long a view's first listing waits for the handler's first scan of its bucket:
+    ``$DELVEFS_SCAN_WAIT`` seconds (default an hour), and at most half the kernel's FUSE
+    request timeout where one is set (Linux 6.14+; none by default): a request left
+    unanswered past it would abort the whole mount."""
+    wait = float(os.environ.get("DELVEFS_SCAN_WAIT", "3600"))
+    try:
+        with open(KERNEL_REQUEST_TIMEOUT) as f:
+            kernel = int(f.read())
+    except (OSError, ValueError):
+        kernel = 0
+    return min(wait, kernel / 2) if kernel > 0 else wait
 
 
 def _single(group: BaseExceptionGroup) -> BaseException:
@@ -56,76 +94,194 @@ class ViewState:
         self.listed = False
         self.fresh_at = float("-inf")
         self.refreshing: Refresh | None = None
+        self.relist = False  # the handler lost the view: list it again rather than a delta
+        self.stale: str | None = None  # why the handler gave no refresh lately (else None)
+        self.stale_since = 0.0  # wall-clock time of the outage's start
+        self.retry_at = float("-inf")  # a stale view's next refresh starts no earlier
+        self.retry_delay = RETRY_FIRST
         self.top: Dir | None = None
         self.lists = 0  # statistics (tests, logs)
         self.deltas = 0
 
 
+def stale_text(vs: ViewState) -> str:
+    """``user.delvefs.stale``: "0", or "1 since <UTC time>: <reason>"."""
+    if vs.stale is None:
+        return "0"
+    since = datetime.fromtimestamp(vs.stale_since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"1 since {since}: {vs.stale}"
+
+
 class Refresh:
     """A listing or delta under way for a view; tasks that need the view wait for it and
-    share its failure (rather than each asking the handler again: a view of a bucket still
+    share its outcome (rather than each asking the handler again: a view of a bucket still
     being scanned would make every waiter wait for its own 503 in turn)."""
-    __slots__ = ("done", "error")
+    __slots__ = ("done", "error", "started", "first")
 
-    def __init__(self):
+    def __init__(self, started: float, first: bool):
         self.done = trio.Event()
         self.error: FsError | None = None
+        self.started = started
+        self.first = first  # the view's first listing (waited for, however long it takes)
 
 
 class Views:
     """Registration and freshness of the views of :class:`delvefs.client.fs.core.FileSystem`."""
 
-    async def register(self, client: str, proofs: dict[str, str]) -> None:
+    async def register(self, client: str, proofs: dict) -> None:
         """Register all views with the handler (ids and starting versions)."""
         answer = await self.handler.register(
             client, [{"name": vs.name, "spec": vs.view.filter_spec()} for vs in self.views], proofs)
+        self.registration = (client, proofs)
+        self.registrations += 1
         by_name = {v["name"]: v for v in answer}
         for vs in self.views:
             vs.id = by_name[vs.name]["id"]
 
+    async def _register_again(self) -> None:
+        """The handler lost the views: register them again, through the mount's hook
+        (fresh proofs) or else as the last time."""
+        if self.reregister is not None:
+            await self.reregister()
+        else:
+            await self.register(*self.registration)
+
     async def prefetch(self) -> None:
-        """List every view in the background right after mounting (errors only logged)."""
+        """List every view in the background right after mounting (failures are logged
+        by the refresh, once per outage)."""
         async def one(vs):
             try:
                 await self._fresh(vs)
-            except FsError as exc:
-                log.warning("prefetching view %s: %s", vs.name, exc)
+            except FsError:
+                pass
         async with trio.open_nursery() as nursery:
             for vs in self.views:
                 nursery.start_soon(one, vs)
 
     async def _fresh(self, vs: ViewState) -> None:
-        """Make ``vs`` recent: list it (first use) or apply the handler's delta."""
-        while True:
-            if vs.refreshing is not None:
-                r = vs.refreshing
-                await r.done.wait()
-                if r.error is not None:
-                    raise FsError(r.error.errno, str(r.error), logged=True)
-                continue
-            if vs.listed and trio.current_time() - vs.fresh_at < vs.ttl:
-                return
-            r = vs.refreshing = Refresh()
-            try:
-                if not vs.listed:
-                    await self._list(vs, resync=False)
-                else:
-                    await self._delta(vs)
-            except HandlerError as exc:
-                r.error = handler_failure(exc, f"view {vs.name}")
-                raise r.error from exc
-            finally:
-                vs.refreshing = None
-                r.done.set()
+        """Make ``vs`` recent enough for an operation: list it (first use; its error is
+        the operation's) or refresh it after its ttl (waiting at most ``stale_after``, then
+        going on with the last listing)."""
+        now = trio.current_time()
+        if vs.listed and now - vs.fresh_at < vs.ttl:
             return
+        r = vs.refreshing
+        if r is None:
+            if vs.listed and now < vs.retry_at:
+                return  # stale, and the next attempt is not due yet
+            r = self._start_refresh(vs)
+        if r.first:
+            await r.done.wait()
+            if r.error is not None and not vs.listed:
+                raise FsError(r.error.errno, str(r.error), logged=True)
+            return
+        with trio.move_on_at(r.started + self.stale_after):
+            await r.done.wait()
+        if not r.done.is_set() and vs.stale is None:  # (else keep the reason of the outage)
+            self._mark_stale(vs, f"a refresh has taken more than {self.stale_after:g} s")
 
     async def _fresh_for(self, node: Node) -> None:
         vs = node.view if node.is_dir else node.parent.view
         if vs is not None:
             await self._fresh(vs)
 
+    def _start_refresh(self, vs: ViewState) -> Refresh:
+        r = vs.refreshing = Refresh(trio.current_time(), first=not vs.listed)
+        # a system task: it outlives the operation that started it, and needs no nursery
+        # of the mount's
+        trio.lowlevel.spawn_system_task(self._refresh, vs, r, name=f"refresh of view {vs.name}")
+        return r
+
+    async def _refresh(self, vs: ViewState, r: Refresh) -> None:
+        """The task of one refresh: its outcome in ``r``, the view's staleness updated."""
+        succeeded = False
+        try:
+            await self._refresh_once(vs)
+            succeeded = True
+        except HandlerError as exc:
+            r.error = handler_failure(exc, f"view {vs.name}")
+            self._failed(vs, self._reason(vs, exc))
+        except Exception as exc:  # noqa: BLE001 — a system task must not raise: logged, EIO
+            log.exception("refreshing view %s", vs.name)
+            r.error = FsError(errno.EIO, f"refreshing view {vs.name}: {exc}", logged=True)
+            self._failed(vs, f"{type(exc).__name__}: {exc}")
+        finally:
+            if not succeeded and r.error is None:  # cancelled (the mount ends)
+                r.error = FsError(errno.EIO, f"refreshing view {vs.name}: cancelled", logged=True)
+            vs.refreshing = None
+            r.done.set()
+        if succeeded:
+            self._answered(vs)
+
+    async def _refresh_once(self, vs: ViewState) -> None:
+        registrations = self.registrations
+        try:
+            if not vs.listed or vs.relist:
+                await self._list(vs, resync=vs.listed)
+            else:
+                await self._delta(vs)
+        except HandlerError as exc:
+            if exc.status != 404:
+                raise
+            # the handler does not know the view: it lost its state. Its versions start
+            # anew, so the view is listed again (also if that fails now: at the next refresh)
+            vs.relist = vs.listed
+            if self.registrations == registrations:  # (else someone registered meanwhile)
+                log.warning("view %s: the event handler does not know it (%s): registering the "
+                            "views again", vs.name, exc)
+                await self._register_again()
+            await self._list(vs, resync=vs.listed)
+
+    def _reason(self, vs: ViewState, exc: HandlerError) -> str:
+        if exc.code == "scanning":
+            listed = exc.body.get("listed")
+            return (f"the event handler is scanning bucket {vs.bucket}"
+                    + (f" ({listed} objects listed so far)" if listed is not None else ""))
+        return str(exc)
+
+    def _mark_stale(self, vs: ViewState, reason: str) -> None:
+        """The handler gave no refresh of ``vs``: logged at the start of an outage."""
+        if vs.stale is None:
+            vs.stale_since = time.time()
+            if vs.listed:
+                log.warning("view %s is stale: %s; serving its last listing until the event "
+                            "handler answers", vs.name, reason)
+            else:
+                log.warning("view %s: no listing: %s", vs.name, reason)
+        vs.stale = reason
+
+    def _failed(self, vs: ViewState, reason: str) -> None:
+        self._mark_stale(vs, reason)
+        vs.retry_at = trio.current_time() + vs.retry_delay
+        vs.retry_delay = min(vs.retry_delay * 2, RETRY_MAX)
+
+    def _answered(self, vs: ViewState) -> None:
+        vs.retry_at = float("-inf")
+        vs.retry_delay = RETRY_FIRST
+        if vs.stale is not None:
+            log.info("view %s is fresh again (stale for %.0f s)", vs.name,
+                     time.time() - vs.stale_since)
+            vs.stale = None
+
+    async def _page(self, vs: ViewState, after: str | None, scan_until: float) -> dict:
+        """A page of ``vs``'s listing. While the handler's first scan of the bucket runs, a
+        view never listed waits for it (until ``scan_until``), logging its progress; a view
+        listed before (the handler lost its state) stays stale until the scan is done."""
+        while True:
+            try:
+                return await self.handler.list_page(vs.id, after, self.page_size, hold=not vs.listed)
+            except HandlerUnavailable as exc:
+                now = trio.current_time()
+                if exc.code != "scanning" or vs.listed or now >= scan_until:
+                    raise
+                log.info("view %s: waiting for the event handler's first scan of bucket %s "
+                         "(%s objects listed so far); the view's first listing waits up to "
+                         "%.0f s more (DELVEFS_SCAN_WAIT)", vs.name, vs.bucket,
+                         exc.body.get("listed", "?"), scan_until - now)
+
     async def _list(self, vs: ViewState, *, resync: bool) -> None:
         started = trio.current_time()
+        scan_until = started + self.scan_wait
         vs.lists += 1
         first_version = None
         seen: set[str] | None = set() if resync else None
@@ -136,7 +292,7 @@ class Views:
             async with send:
                 after = None
                 while True:
-                    page = await self.handler.list_page(vs.id, after, self.page_size)
+                    page = await self._page(vs, after, scan_until)
                     await send.send(page)
                     after = page.get("next")
                     if not after or not page["objects"]:
@@ -161,6 +317,7 @@ class Views:
             self._sweep(vs, seen)
         vs.version = first_version
         vs.listed = True
+        vs.relist = False
         await self._delta(vs, started=started, allow_resync=False)
 
     async def _delta(self, vs: ViewState, *, started: float | None = None,
@@ -191,7 +348,8 @@ class Views:
     async def sync(self, vs: ViewState, value: bytes) -> None:
         """``setxattr(VIEWDIR, "user.delvefs.sync", b"<version>")``: returns once this
         mount's listing of the view includes the handler's changes up to ``version``
-        (a delta is fetched now, ignoring ttl, unless the known version is that recent)."""
+        (a delta is fetched now, ignoring ttl and a stale view's backoff, unless the known
+        version is that recent); fails with the refresh's error when the handler gives none."""
         try:
             version = int(value.decode().strip())
         except (UnicodeDecodeError, ValueError):
@@ -199,11 +357,10 @@ class Views:
         for _ in range(2):
             if vs.listed and vs.version >= version:
                 return
-            if vs.refreshing is not None:
-                await vs.refreshing.done.wait()
-                continue
-            vs.fresh_at = float("-inf")
-            await self._fresh(vs)
+            r = vs.refreshing or self._start_refresh(vs)
+            await r.done.wait()
+            if r.error is not None:
+                raise FsError(r.error.errno, str(r.error), logged=True)
 
     # ------------------------------------------------------------ which view
 

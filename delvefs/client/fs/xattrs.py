@@ -4,8 +4,9 @@
 current tag set; the file moves into and out of this mount's views at once),
 ``user.meta.<name>`` its user metadata (read-only), ``user.delvefs.etag`` / ``bucket`` /
 ``key`` facts. A view's top directory answers ``user.delvefs.view`` (``delvefs watch``)
-and accepts ``user.delvefs.sync`` (wait for a handler version). Other namespaces
-(security.*, system.*, trusted.*) are not supported.
+and ``user.delvefs.stale`` (whether the handler gave the last refresh: "0", or "1 since
+<time>: <reason>"), and accepts ``user.delvefs.sync`` (wait for a handler version). Other
+namespaces (security.*, system.*, trusted.*) are not supported.
 """
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import trio
 
 from ..errors import FsError, StoreError, read_only, store_failure
 from .inodes import File
-from .views import ViewState
+from .views import ViewState, stale_text
 
 
 class Xattrs:
     """The extended attribute operations of :class:`delvefs.client.fs.core.FileSystem`."""
 
     FACTS = ("user.delvefs.etag", "user.delvefs.bucket", "user.delvefs.key")
+    VIEW_ATTRIBUTES = ["user.delvefs.view", "user.delvefs.stale"]
 
     async def _properties(self, node: File) -> tuple[dict, dict]:
         vs = node.parent.view
@@ -72,6 +74,8 @@ class Xattrs:
                 if not vs.listed:  # a version means something once the view is listed
                     await self._fresh(vs)
                 return json.dumps(self.view_info(vs)).encode()
+            if vs is not None and node is vs.top and name == "user.delvefs.stale":
+                return stale_text(vs).encode()  # as of the last refresh: asks nothing
             raise FsError(errno.ENODATA)
         vs = node.parent.view
         if name == "user.delvefs.etag":
@@ -93,7 +97,7 @@ class Xattrs:
         node = self._node(ino)
         if node.is_dir:
             vs = node.view
-            return ["user.delvefs.view"] if vs is not None and node is vs.top else []
+            return list(self.VIEW_ATTRIBUTES) if vs is not None and node is vs.top else []
         tags, metadata = await self._properties(node)
         return ([*self.FACTS] + [f"user.{t}" for t in sorted(tags)]
                 + [f"user.meta.{m}" for m in sorted(metadata)])

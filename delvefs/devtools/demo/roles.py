@@ -14,12 +14,11 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...shared import s3 as s3api
-from ...shared.config import handler_url, notify_arn
+from ...shared.config import handler_token, handler_url, notify_arn
 from .genome import AlignmentScore, make_reference, score_sam, simulate_reads, write_fasta
 
 INPUT_BUCKET = "reads"
@@ -141,15 +140,16 @@ def read_key(i: int) -> str:
 
 def wait_for_subscribers(views: int, timeout: float) -> None:
     """Until the handler has ``views`` views registered (each subscriber mounts two)."""
+    from ...client.handler_api import HandlerError, SyncHandlerClient
     deadline = time.monotonic() + timeout
-    url = f"{handler_url()}/healthz"
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if json.load(r).get("views", 0) >= views:
+    # the view count is a detail /healthz gives to a principal only
+    with SyncHandlerClient(handler_url(), handler_token(), timeout=2) as handler:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(HandlerError, ValueError):
+                if handler.health().get("views", 0) >= views:
                     return
-        time.sleep(0.2)
-    raise TimeoutError(f"subscribers not mounted after {timeout:.0f} s ({url})")
+            time.sleep(0.2)
+    raise TimeoutError(f"subscribers not mounted after {timeout:.0f} s ({handler_url()})")
 
 
 def publish(workers: int, files: int, reads: int, seed: int, interval: float, timeout: float,
