@@ -11,7 +11,11 @@ the handler may lag behind the mount arbitrarily.
 
 One trio run per example (with a MockClock of rate 0: time moves only when a rule jumps
 it) lives in a thread of its own; each rule hands it a coroutine and waits for the
-answer, so operations run one at a time, in order, as the rules ask.
+answer, so operations run one at a time, in order, as the rules ask (and the core's view
+refreshes, system tasks of that run, outlive the operation that started them).
+
+Where the core disagrees with SEMANTICS, the bug has a test at the end of this file
+(strict xfail) and the rules step around it, naming that test.
 """
 from __future__ import annotations
 
@@ -85,7 +89,8 @@ class EventLogStore(FakeStore):
     def record(self, key: str) -> None:
         o = self.objects.get((BUCKET, key))
         self.events.append((key, None if o is None else {
-            "size": len(o["data"]), "etag": o["etag"], "mtime": o["mtime"], "tags": dict(o["tags"])}))
+            "size": len(o["data"]), "etag": o["etag"], "mtime": o["mtime"],
+            "tags": dict(o["tags"])}))
 
     async def upload(self, bucket, key, filename, **kw):
         info = await super().upload(bucket, key, filename, **kw)
