@@ -99,8 +99,28 @@ def amqp_handshake_ok(host: str, port: int) -> bool:
         return False
 
 
+class _ServiceProcess:
+    """The life cycle both servers share: ``start`` (theirs) runs ``proc``; stopping ends
+    its process group; a restart keeps the same port and data."""
+
+    proc: subprocess.Popen | None
+
+    def stop(self) -> None:
+        _stop_group(self.proc)
+
+    def restart(self, timeout: float = 60) -> None:
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 @dataclass
-class RabbitMQ:
+class RabbitMQ(_ServiceProcess):
     """A private RabbitMQ node. Debian's broker runs as user ``rabbitmq`` when we are root:
     its mnesia/log directories must then belong to that user."""
 
@@ -167,23 +187,10 @@ class RabbitMQ:
                   f"RabbitMQ on 127.0.0.1:{self.port}", self.proc, self.log_path)
         return self
 
-    def stop(self) -> None:
-        _stop_group(self.proc)
-
-    def restart(self, timeout: float = 60) -> None:
-        """Stop and start the same node on the same port (queues and data survive)."""
-        self.stop()
-        self.start(timeout)
-
-    def __enter__(self) -> "RabbitMQ":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 @dataclass
-class MinIO:
+class MinIO(_ServiceProcess):
     """A private MinIO server whose AMQP notification target points at ``amqp_url``.
 
     ``queue_dir``: when set, MinIO persists events on disk while the broker is
@@ -267,18 +274,6 @@ class MinIO:
         except OSError:
             return False
 
-    def stop(self) -> None:
-        _stop_group(self.proc)
-
-    def restart(self, timeout: float = 60) -> None:
-        self.stop()
-        self.start(timeout)
-
-    def __enter__(self) -> "MinIO":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 @dataclass
