@@ -226,12 +226,7 @@ class Namespace:
                     return
         tags = {}
         if self._needs_tags(db) or self._needs_tags(sb):
-            try:
-                tags = await self.store.tags(sb, sk)
-            except StoreError as exc:
-                raise store_failure(exc, "renaming (tags of)", sb, sk) from exc
-            if tags is None:
-                raise FsError(errno.ENOENT, f"{sb}/{sk}: no such object")
+            tags = await self._object_tags(sb, sk, "renaming")
         if not self.can_match(dst_vs, dk, node.size, tags):
             raise FsError(errno.EXDEV, f"{dk} cannot be in view {dst_vs.name} (mv copies, then "
                           "removes: the copy is a scratch file of this mount)")

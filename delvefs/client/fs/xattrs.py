@@ -124,6 +124,16 @@ class Xattrs:
             raise FsError(errno.EPERM, f"{name} is read-only")
         await self._retag(node, {}, (name[len("user."):],))
 
+    async def _object_tags(self, bucket: str, key: str, what: str) -> dict:
+        """The tags of an object that must exist (ENOENT when it is gone)."""
+        try:
+            tags = await self.store.tags(bucket, key)
+        except StoreError as exc:
+            raise store_failure(exc, f"{what} (reading tags of)", bucket, key) from exc
+        if tags is None:
+            raise FsError(errno.ENOENT, f"{bucket}/{key}: no such object")
+        return tags
+
     async def _retag(self, node: File, add: dict, remove: tuple) -> None:
         """PutObjectTagging (merged with the current tag set); the file moves into and out
         of this mount's views at once (other mounts: through the handler)."""
@@ -151,12 +161,7 @@ class Xattrs:
                 raise store_failure(exc, "tagging", bucket, key) from exc
             self._props.pop(node.ino, None)
             return
-        try:
-            current = await self.store.tags(bucket, key)
-        except StoreError as exc:
-            raise store_failure(exc, "tagging (reading tags of)", bucket, key) from exc
-        if current is None:
-            raise FsError(errno.ENOENT, f"{bucket}/{key}: no such object")
+        current = await self._object_tags(bucket, key, "tagging")
         new = {**current, **add}
         for t in remove:
             if t not in new:
