@@ -256,6 +256,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
     from .fs.core import FileSystem
     from .errors import StoreError
     from .s3async import S3Store
+    from .control import ControlServer
     from .handler_api import HandlerClient, HandlerError, HandlerUnavailable
 
     settings = S3Settings.from_env()
@@ -331,6 +332,10 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             log.info("%d dirty files in the journal of %s: uploading them", len(cache.recovered), cache_dir)
         core.recover()
 
+        # operations of `delvefs sync/status/reload`, served once the file system is mounted
+        control = ControlServer(mountpoint)
+        control.handle("ping", functools.partial(_ping, mountpoint, cache_dir))
+
         adapter = fuse_adapter.Adapter(core)
         try:
             fuse_adapter.mount(adapter, mountpoint, fuse_adapter.fuse_options())
@@ -372,6 +377,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
                     (cache_dir / REPORT).write_text("".join(line + "\n" for line in lines))
                 nursery.cancel_scope.cancel()
             await nursery.start(core.run_uploads)
+            await nursery.start(control.serve)
             nursery.start_soon(serve_then_stop)
             # the request loop now runs: a stat answers, so the mount is ready
             await trio.to_thread.run_sync(os.stat, mountpoint)
@@ -381,6 +387,10 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             if lazy:
                 nursery.start_soon(_warm, store, cache)
         log.info("unmounted %s", mountpoint)
+
+
+async def _ping(mountpoint: str, cache_dir: Path, args: dict) -> dict:
+    return {"pid": os.getpid(), "mountpoint": mountpoint, "cache_dir": str(cache_dir)}
 
 
 async def _warm(store, cache) -> None:
