@@ -30,6 +30,8 @@ from delvefs.devtools.localservices import LocalServices
 from delvefs.client.mount import mounted_fstype
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
+from .mounting import mount_s3fs
+
 BASE = Path(os.environ.get("DELVEFS_BENCH_DIR", Path.home() / ".cache/delvefs/bench-mount"))
 DELVEFS = str(Path(sys.executable).parent / "delvefs")
 BUCKET = "bench-many"
@@ -293,15 +295,10 @@ def bench_boto3(client, n: int, big_key: str, work: Path, res: dict):
 
 
 def bench_s3fs(env, work: Path, n: int, res: dict):
-    pw = work / "s3fs.passwd"
-    pw.write_text(f"{env['AWS_ACCESS_KEY_ID']}:{env['AWS_SECRET_ACCESS_KEY']}\n")
-    pw.chmod(0o600)
     mp = work / "s3fs-mnt"
     mp.mkdir()
     t = time.perf_counter()
-    subprocess.run(["s3fs", BUCKET, str(mp), "-o", f"url={env['AWS_ENDPOINT_URL']},use_path_request_style,"
-                    f"passwd_file={pw}"], check=True)
-    wait_for(lambda: mounted_fstype(str(mp)) is not None, 30, "s3fs mount")
+    mount_s3fs(env, work, BUCKET, mp)
     try:
         cold, count = ls_l(mp / "many")
         res["s3fs_cold_ls_s"] = time.perf_counter() - t

@@ -19,7 +19,7 @@ One thread (``Consumer``) owns the BlockingConnection and its channel. It collec
 available (up to ``max_batch`` messages), drops messages of untracked buckets by their
 ``minio-bucket`` header without decoding them, applies the rest through ``Engine.apply_events``
 (one LevelDB WriteBatch), then rejects the invalid ones and acks the batch with one
-``multiple=True`` ack. A lost connection is retried with exponential backoff (0.2 s .. 2 s; 5 s to connect);
+``multiple=True`` ack — the contract of eventhandler/batches.py, shared with the SQS source. A lost connection is retried with exponential backoff (0.2 s .. 2 s; 5 s to connect);
 unacked messages are redelivered by the broker and re-applying them changes nothing. When a
 connection succeeds after failed attempts, the tracked buckets are reconciled: MinIO without
 a queue dir drops the events it cannot publish while the broker is away.
@@ -46,6 +46,7 @@ import time
 import pika
 import pika.exceptions
 
+from .batches import BatchApplier, Received
 from .events import InvalidEvent, message_bucket, parse_message
 from .statedb import StorageError
 
@@ -123,6 +124,7 @@ class LagMonitor(threading.Thread):
     ``interval`` seconds, so the consumer never waits for that round trip."""
 
     def __init__(self, url: str, queue: str, gauge, interval: float = 2.0, ready=None):
+        """``gauge(n)`` takes each sample (``Metrics.set_queue_depth``)."""
         super().__init__(name="delvefs-amqp-lag", daemon=True)
         self.url, self.queue, self.gauge, self.interval = url, queue, gauge, interval
         self.ready = ready or (lambda: True)  # the consumer has declared the queue
@@ -145,7 +147,7 @@ class LagMonitor(threading.Thread):
                 if ch is None or not ch.is_open:
                     ch = conn.channel()
                 stats = queue_stats(ch, self.queue)
-                self.gauge.set(stats.message_count)
+                self.gauge(stats.message_count)
                 if stats.consumer_count > 1 and time.monotonic() - self._warned_at > 60:
                     self._warned_at = time.monotonic()
                     log.error("%s", other_consumers_message(self.queue, stats.consumer_count - 1))
@@ -160,6 +162,8 @@ class LagMonitor(threading.Thread):
 
 
 class Consumer(threading.Thread):
+    kind = "amqp"  # the event source, as /healthz and /v1/status name it
+
     def __init__(self, url: str, exchange: str, engine, metrics, *, queue: str | None = None,
                  prefetch: int = 4000, max_batch: int = 2000, on_fatal=None):
         super().__init__(name="delvefs-amqp", daemon=True)
@@ -173,7 +177,7 @@ class Consumer(threading.Thread):
         self.state = "connecting"
         self.connected = threading.Event()
         self._stopping = threading.Event()
-        self._invalid_logged = 0
+        self.applier = BatchApplier(engine, metrics, "AMQP")
         self.last_error: str | None = None
         self.fatal: str | None = None  # why consuming stopped for good (the state cannot be written)
         self.unreachable_since: float | None = None  # monotonic time of the first failed connect
@@ -357,9 +361,10 @@ class Consumer(threading.Thread):
                 self._handle(ch, buf[:])
 
     def _handle(self, ch, batch) -> None:
+        """Apply a batch, then reject (dead-letter) the unusable messages and ack the rest
+        (eventhandler/batches.py)."""
         tracked = self.engine.tracked
-        parsed = []  # (delivery tag, events)
-        invalid = []
+        messages = []
         dropped = 0
         for tag, props, body in batch:
             bucket = message_bucket(props.headers)
@@ -367,43 +372,20 @@ class Consumer(threading.Thread):
                 dropped += 1
                 continue
             try:
-                parsed.append((tag, parse_message(body)))
+                messages.append(Received(tag, parse_message(body), bucket=bucket, body=body))
             except InvalidEvent as exc:
-                invalid.append(tag)
-                self._log_invalid(exc, body)
+                messages.append(Received(tag, error=str(exc), bucket=bucket, body=body))
         if dropped:
             self.metrics.dropped.inc(dropped)
-        if parsed:
-            events = [e for _, evs in parsed for e in evs]
-            try:
-                self.engine.apply_events(events)
-            except StorageError:
-                raise  # the disk, not the events: nothing is acked or dead-lettered
-            except Exception:
-                log.exception("applying a batch of %d events failed; retrying one by one", len(events))
-                for tag, evs in parsed:
-                    try:
-                        self.engine.apply_events(evs)
-                    except StorageError:
-                        raise
-                    except Exception as exc:
-                        invalid.append(tag)
-                        self._log_invalid(exc, repr(evs).encode())
-        self.metrics.batches.observe(len(batch))
-        for tag in invalid:
-            ch.basic_nack(tag, multiple=False, requeue=False)
-        if invalid:
-            self.metrics.dead.inc(len(invalid))
+        dead = self.applier.apply(messages, received=len(batch))
+        invalid = set()
+        for m in dead:
+            ch.basic_nack(m.tag, multiple=False, requeue=False)
+            self.applier.dead_lettered(m, self.dead)
+            invalid.add(m.tag)
         if len(invalid) < len(batch):
             ch.basic_ack(batch[-1][0] if batch[-1][0] not in invalid else
                          max(t for t, _, _ in batch if t not in invalid), multiple=True)
-
-    def _log_invalid(self, exc, body: bytes) -> None:
-        self._invalid_logged += 1
-        n = self._invalid_logged
-        if n <= 20 or n % 1000 == 0:
-            log.warning("dead-lettering an unusable message (#%d): %s; body starts %r",
-                        n, exc, bytes(body[:200]))
 
 
 class EventPublisher:

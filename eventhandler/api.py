@@ -12,6 +12,7 @@ requests are 4xx before anything is read or streamed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -146,16 +147,21 @@ class Api:
         self.hub: Hub | None = None
         self.session: aiohttp.ClientSession | None = None
         self.started = time.time()
+        # view id -> {client name: when it registered the view} (GET /v1/status: its mounts)
+        self.registered_by: dict[str, dict[str, float]] = {}
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=MAX_BODY)
         app.router.add_post("/v1/views", self.register)
+        app.router.add_get("/v1/views/log", self.view_log)
+        app.router.add_delete("/v1/views/{id}", self.unregister)
         app.router.add_post("/v1/proofs", self.prove)
         app.router.add_get("/v1/views/{id}/objects", self.list_objects)
         app.router.add_get("/v1/views/{id}/changes", self.changes)
         app.router.add_get("/v1/views/{id}/stream", self.stream)
         app.router.add_get("/v1/objects/{bucket}/{key:.+}", self.lookup)
         app.router.add_post("/v1/reconcile", self.reconcile)
+        app.router.add_get("/v1/status", self.status)
         app.router.add_get("/healthz", self.health)
         app.router.add_get("/metrics", self.prom)
         app.on_startup.append(self._startup)
@@ -226,6 +232,7 @@ class Api:
         if info is None:
             raise unknown
         self._authorize(request["principal"], info.bucket, info.view.root, unknown)
+        self.engine.touch(info)  # in use: not forgotten (--view-ttl)
         return info
 
     def _readable(self, principal: str, info) -> bool:
@@ -295,6 +302,8 @@ class Api:
         if not pairs:
             raise ApiError(400, "bad_request", "no proof in the request")
         proofs = await self._accept_proofs(request["principal"], pairs)
+        for p in proofs:  # a mount renewing its proofs uses its views
+            self.engine.touch_covered(request["principal"], p.bucket, p.prefix)
         return reply(request, {"grants": [{"bucket": p.bucket, "prefix": p.prefix, "until": p.until}
                                           for p in proofs]})
 
@@ -334,12 +343,38 @@ class Api:
                                "it), bound to you, made with your credentials", bucket=bucket)
         loop = asyncio.get_running_loop()
         try:
-            out = await loop.run_in_executor(None, self.engine.register, views)
+            out = await loop.run_in_executor(None, functools.partial(self.engine.register, views,
+                                                                     principal=principal))
         except ValueError as exc:
             raise ApiError(400, "invalid_view", str(exc)) from None
         log.info("%s (client %r) registered %s", principal, str(body.get("client"))[:200],
                  [(v["name"], v["id"]) for v in out])
+        for v in out:
+            self._registered(v["id"], f"{principal}/{str(body.get('client'))[:200]}")
         return reply(request, {"views": out})
+
+    async def unregister(self, request: web.Request):
+        """Drop the caller's registration of a view; the view is forgotten with the last one."""
+        vid = request.match_info["id"]
+        if not VIEW_ID.fullmatch(vid):
+            raise ApiError(400, "bad_request", "a view id is 16 lowercase hex digits")
+        forgotten = await asyncio.get_running_loop().run_in_executor(
+            None, self.engine.unregister, vid, request["principal"])
+        if forgotten is None:
+            raise ApiError(404, "not_found", f"no view {vid} registered by you")
+        return reply(request, {"id": vid, "forgotten": forgotten})
+
+    async def view_log(self, request: web.Request):
+        """The registration log (registered, unregistered, forgotten), of the views whose
+        bucket and root the caller holds a grant for."""
+        after = _int_arg(request, "after", 0, 0, MAX_VERSION)
+        entries = await asyncio.get_running_loop().run_in_executor(None, self.engine.view_log, after)
+        principal = request["principal"]
+        readable = [e for e in entries if self.grants.status(principal, e["bucket"], e["root"]) == GRANTED]
+        for e in readable:  # who else uses a view is theirs to know
+            if e["principal"] not in (None, principal):
+                e["principal"] = "(another principal)"
+        return reply(request, {"entries": readable})
 
     async def _wait_ready(self, info, wait: float) -> None:
         if self.engine.view_ready(info):
@@ -352,6 +387,10 @@ class Api:
                 progress = {}
                 if bs is not None and bs.state == SCANNING:  # (else a new view's rematch)
                     progress["listed"] = bs.scan_listed  # objects the first scan has listed so far
+                    scan = self.engine.scan_progress.get(info.bucket)
+                    if scan is not None:  # its rate, and the time left when a total is known
+                        report = scan.report()
+                        progress.update(rate=report["rate"], eta=report["eta"])
                     if bs.scan_error:
                         progress["scan_error"] = bs.scan_error  # its last attempt failed: retried
                 raise ApiError(503, "scanning", f"view {info.id} is still being built (bucket scan)",
@@ -475,7 +514,7 @@ class Api:
         if obj is None:
             raise unknown
         by_id = self.engine.views_by_id
-        obj["views"] = [vid for vid in obj["views"] if self._readable(principal, by_id[vid])]
+        obj["views"] = [vid for vid in obj["views"] if vid in by_id and self._readable(principal, by_id[vid])]
         return reply(request, obj)
 
     async def reconcile(self, request: web.Request):
@@ -503,22 +542,78 @@ class Api:
     async def health(self, request: web.Request):
         """The status for anyone; details for a principal, about what it may read."""
         amqp = "connected" if self.consumer is None or self.consumer.connected.is_set() else "reconnecting"
+        source = getattr(self.consumer, "kind", "amqp")  # the event source: "amqp" or "sqs"
         scan_errors = {b: s.scan_error for b, s in self.engine.buckets.items() if s.scan_error}
         status = "ok" if amqp == "connected" and not scan_errors else "degraded"
         if not (self.auth.open or request.headers.get("Authorization")):
             return reply(request, {"status": status})
         principal = self._principal(request)
         readable = self.grants.buckets(principal)
-        data = {"status": status, "principal": principal, "amqp": amqp,
+        data = {"status": status, "principal": principal, source: amqp,
                 "views": sum(1 for info in self.engine.infos if self._readable(principal, info)),
                 "buckets": {b: s.state for b, s in self.engine.buckets.items() if b in readable},
                 "uptime": round(time.time() - self.started, 3)}
         if self.consumer is not None and self.consumer.last_error and amqp != "connected":
-            data["amqp_error"] = self.consumer.last_error
+            data[f"{source}_error"] = self.consumer.last_error
         scan_errors = {b: e for b, e in scan_errors.items() if b in readable}
         if scan_errors:  # first scans failing and being retried
             data["scan_errors"] = scan_errors
         return reply(request, data)
+
+    MAX_REGISTRATIONS = 1000  # clients remembered per view (the oldest are forgotten)
+
+    def _registered(self, vid: str, client: str) -> None:
+        clients = self.registered_by.setdefault(vid, {})
+        clients.pop(client, None)
+        clients[client] = time.time()
+        while len(clients) > self.MAX_REGISTRATIONS:
+            del clients[next(iter(clients))]
+
+    async def status(self, request: web.Request):
+        """What the handler is doing, as far as the caller may see it (docs/API.md)."""
+        principal = request["principal"]
+        readable = self.grants.buckets(principal)
+        now = time.time()
+        consumer = self.consumer
+        source = {"kind": getattr(consumer, "kind", "amqp"),
+                  "state": "connected" if consumer is None or consumer.connected.is_set() else "reconnecting",
+                  "queue": getattr(consumer, "queue", None),
+                  "messages": self.metrics.queue_depth}  # waiting in the queue (None: not sampled yet)
+        if consumer is not None and consumer.last_error and source["state"] != "connected":
+            source["error"] = consumer.last_error
+        newest = self.metrics.newest_event
+        source["newest_event_age"] = round(now - newest, 3) if newest else None
+        buckets = {}
+        for name, bs in list(self.engine.buckets.items()):
+            if name not in readable:
+                continue
+            b = {"state": bs.state, "scanned": bs.scanned or None}
+            scan = self.engine.scan_progress.get(name)
+            if scan is not None:
+                b["listing"] = scan.report()
+            if bs.scan_error:
+                b["scan_error"] = bs.scan_error
+            buckets[name] = b
+        views = []
+        by_id = self.engine.views_by_id
+        for vid in [vid for vid in self.registered_by if vid not in by_id]:  # forgotten views
+            del self.registered_by[vid]
+        for info in list(self.engine.infos):
+            if not self._readable(principal, info):
+                continue
+            clients = self.registered_by.get(info.id, {})
+            # no names nor rules: those are the registering clients' (other principals' too)
+            views.append({"id": info.id, "bucket": info.bucket, "root": info.view.root or "",
+                          "ready": self.engine.view_ready(info), "clients": len(clients),
+                          "last_registered": max(clients.values(), default=None),
+                          "registrants": len(getattr(info, "principals", None) or ()),
+                          "last_used": getattr(info, "used", None)})
+        count, recent = self.metrics.dead_letters.snapshot()
+        # reasons only of buckets the caller may read (or of messages naming none)
+        recent = [d for d in recent if d["bucket"] is None or d["bucket"] in readable][-5:]
+        return reply(request, {"principal": principal, "uptime": round(now - self.started, 3),
+                               "source": source, "buckets": buckets, "views": views,
+                               "dead_letters": {"count": count, "recent": recent}})
 
     async def prom(self, request: web.Request):
         return web.Response(body=generate_latest(self.metrics.registry),

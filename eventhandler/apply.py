@@ -10,10 +10,11 @@ import time
 
 from .events import REMOVE, TAGGING, Event
 from .records import (DELETED, OBJ_EVER, OBJ_FLAGS, OBJ_LV, OBJ_META, OBJ_SEQ, OBJ_SLOTS,
-                      TAGS_PENDING, UNSETTLED, bits_of, bits_union, change_prefix, k_bucket,
-                      k_held, k_member, k_obj, k_tagwait, listed_fields_differ, new_version,
-                      object_info, pack_change, pack_held, pack_member, pack_object, pack_tagwait,
-                      pack_version, tombstone, with_tags_pending)
+                      OBJ_TAGS, TAGS_PENDING, UNSETTLED, bits_of, bits_union, change_prefix,
+                      k_bucket, k_held, k_member, k_obj, k_tagwait, listed_fields_differ,
+                      listed_properties, member_properties, new_version, object_info,
+                      pack_change, pack_held, pack_member, pack_object, pack_tagwait,
+                      pack_version, slots_of, tombstone, unpackb, with_tags_unknown)
 from .tracking import READY
 
 CACHE_RECORDS = 200_000
@@ -71,13 +72,12 @@ class EventApplier:
             elif cur is not None and seq <= cur[OBJ_SEQ]:
                 if seq == cur[OBJ_SEQ] and kind == TAGGING and ev.bucket in tag_buckets \
                         and not cur[OBJ_FLAGS] & DELETED:
-                    w[1] = with_tags_pending(cur)
+                    w[1] = with_tags_unknown(cur)
                 else:
                     stale += 1
                     continue
             else:  # a newer version (a create, or tagging of a version we never saw)
-                w[1] = new_version(cur, seq, ev.size, ev.mtime, ev.etag, None, ev.metadata,
-                                     TAGS_PENDING if ev.bucket in tag_buckets else 0)
+                w[1] = new_version(cur, seq, ev.size, ev.mtime, ev.etag, None, ev.metadata, 0)
             if kind != TAGGING:
                 applied_seqs.append(seq)
         if held is not None:
@@ -96,19 +96,64 @@ class EventApplier:
     def _finalize(self, work: dict, log_changes: bool = True, now: float | None = None,
                   extra=None) -> None:
         """Match, diff and write the records in ``work`` ({(bucket,key): [old, new]}; entries
-        with new is old are unchanged) in one WriteBatch; then publish versions and notify."""
+        with new is old are unchanged) in one WriteBatch; then publish versions and notify.
+
+        Here is decided which records wait for a fetch (``TAGS_PENDING``; their views stay
+        as they were until it is in): in a bucket some view of which reads tags or metadata,
+        a record with unknown metadata that a view reads, or with unknown tags that can
+        change its answer (``match_partial``: some view whose other rules it passes needs
+        them, and its metadata does not decide), or that is in a view listing property
+        values (``layout_by``) while its tags or metadata are unknown. Every other record is
+        matched now; unknown tags stay unknown.
+
+        Membership and change entries of a group with such a view carry the record's values
+        of the properties its views list (records.py); a change of them is a change (logged)
+        even when nothing else changed."""
         now = time.time() if now is None else now
         todo = [(bk, w[0], w[1]) for bk, w in work.items() if w[1] is not w[0]]
         if not todo and not extra:
             return
         matcher = self.matcher
+        tag_buckets = self.tag_buckets
+        meta_buckets = self.meta_buckets
+        tag_rule_buckets = self.tag_rule_buckets
         to_match = []
         objs = []
+        partial = []
+        partial_objs = []
         for i, (bk, _old, new) in enumerate(todo):
-            if not new[OBJ_FLAGS] & UNSETTLED:
-                to_match.append(i)
-                objs.append(object_info(bk[0], bk[1], new))
+            flags = new[OBJ_FLAGS]
+            if flags & DELETED:
+                continue
+            if bk[0] in tag_buckets and (new[OBJ_TAGS] is None or new[OBJ_META] is None):
+                if new[OBJ_META] is None and bk[0] in meta_buckets:
+                    new[OBJ_FLAGS] = flags | TAGS_PENDING
+                    continue
+                if bk[0] in tag_rule_buckets:
+                    partial.append(i)
+                    partial_objs.append(object_info(bk[0], bk[1], new))
+                    continue
+            if flags & TAGS_PENDING:
+                new[OBJ_FLAGS] = flags & ~TAGS_PENDING
+            to_match.append(i)
+            objs.append(object_info(bk[0], bk[1], new))
         results = dict(zip(to_match, matcher.match_batch(objs, now))) if objs else {}
+        if partial_objs:
+            for i, (definite, undecided) in zip(partial, matcher.match_partial_batch(partial_objs, now)):
+                new = todo[i][2]
+                if undecided:
+                    new[OBJ_FLAGS] |= TAGS_PENDING
+                else:  # the tags cannot change the answer: leave them unknown
+                    new[OBJ_FLAGS] &= ~TAGS_PENDING
+                    results[i] = definite
+        layout_buckets = self.layout_buckets
+        if layout_buckets:  # members of views listing property values: tags and metadata first
+            listing = matcher.listing_properties
+            for i in [i for i in results if todo[i][0][0] in layout_buckets]:
+                new = todo[i][2]
+                if (new[OBJ_TAGS] is None or new[OBJ_META] is None) and any(s in listing for s in results[i]):
+                    new[OBJ_FLAGS] |= TAGS_PENDING
+                    del results[i]
         time_buckets = self.time_buckets
         flips = []
         wb = self.store.batch()
@@ -139,29 +184,35 @@ class EventApplier:
             ever = new[OBJ_EVER]
             if slots != old_slots and slots != ever:
                 ever = new[OBJ_EVER] = bits_union(ever, slots)
+            props = None
+            props_changed = False
+            if layout_buckets and slots and bucket in layout_buckets:
+                names = self._listed_names(slots)
+                if names:
+                    props, props_changed = self._listed_props(bucket, key, old, new, slots, old_slots, names)
             if log_changes:
                 old_deleted = old is None or old[OBJ_FLAGS] & DELETED
                 deleted = flags & DELETED
                 if slots != old_slots or (slots and (old_deleted or listed_fields_differ(old, new))) \
-                        or (deleted and not old_deleted and ever):
+                        or (deleted and not old_deleted and ever) or props_changed:
                     bs = buckets[bucket]
                     v = bs.version = bs.version + 1
                     touched.add(bucket)
                     cprefix = cprefixes.get(bucket)
                     if cprefix is None:
                         cprefix = cprefixes[bucket] = change_prefix(bucket)
-                    put(cprefix + pack_version(v), pack_change(key, new))
+                    put(cprefix + pack_version(v), pack_change(key, new, props))
                     if new[OBJ_LV]:
                         delete(cprefix + pack_version(new[OBJ_LV]))
                     new[OBJ_LV] = v
-            # the membership index follows slots, size, mtime and etag (records.py)
+            # the membership index follows slots, size, mtime, etag and props (records.py)
             if slots != old_slots:
                 if old_slots:
                     delete(k_member(bucket, old_slots, key))
                 if slots and slots not in buckets[bucket].groups:
                     new_groups.append((bucket, slots))
-            if slots and (slots != old_slots or listed_fields_differ(old, new)):
-                put(k_member(bucket, slots, key), pack_member(new))
+            if slots and (slots != old_slots or props_changed or listed_fields_differ(old, new)):
+                put(k_member(bucket, slots, key), pack_member(new, props))
             put(k_obj(bucket, key), pack_object(new))
             if flags & TAGS_PENDING:
                 put(k_tagwait(bucket, key), pack_tagwait(new[OBJ_SEQ]))
@@ -192,8 +243,43 @@ class EventApplier:
         # after the commit: tag fetches, time flips, wake-ups
         for (bucket, key), old, new in todo:
             if new[OBJ_FLAGS] & TAGS_PENDING:
-                self._fetch_tags(bucket, key, new[OBJ_SEQ], need_meta=new[OBJ_META] is None)
+                self._fetch_tags(bucket, key, new)
         if flips:
             self._schedule_flips([(b, k, todo[i][2]) for b, k, i in flips], now)
         if touched:
             self._notify(touched)
+
+    # ---- views listing property values (``layout_by``) ---------------------------------
+
+    def _listed_names(self, slots: bytes) -> tuple[str, ...]:
+        """The property names the views of group ``slots`` list (memo reset by _recompile)."""
+        memo = self._names_memo
+        names = memo.get(slots)
+        if names is None:
+            if len(memo) > 4096:
+                memo.clear()
+            names = memo[slots] = self.matcher.listed_property_names(slots_of(slots))
+        return names
+
+    def _stored_props(self, bucket: str, slots: bytes, key: str) -> dict:
+        """The props of the membership entry of ``key`` in group ``slots`` ({}: none)."""
+        raw = self.store.get_raw(k_member(bucket, slots, key)) if slots else None
+        return (member_properties(unpackb(raw)) or {}) if raw is not None else {}
+
+    def _listed_props(self, bucket, key, old, new, slots, old_slots, names) -> tuple[dict, bool]:
+        """(props of ``new`` for group ``slots``, whether they changed) of a record in a group
+        with views listing ``names``. A record waiting for its tags (slots unchanged) keeps
+        the props its entry has; the old props are read from the entry when the old record
+        does not know them (it waited for its tags, or is a new version of an event)."""
+        stored = None
+        if new[OBJ_FLAGS] & TAGS_PENDING:
+            props = stored = self._stored_props(bucket, old_slots, key)
+        else:
+            props = listed_properties(new, names)
+        if slots != old_slots:
+            return props, False  # logged and filed anew anyway
+        if old[OBJ_FLAGS] & UNSETTLED or old[OBJ_TAGS] is None or old[OBJ_META] is None:
+            old_props = stored if stored is not None else self._stored_props(bucket, old_slots, key)
+        else:
+            old_props = listed_properties(old, names)
+        return props, props != old_props

@@ -30,7 +30,7 @@ Concurrency rules
 - After each commit the engine calls its listeners with the set of changed buckets (the API
   wakes long-polls and streams from there, via loop.call_soon_threadsafe).
 
-Threads owned here: ``delvefs-s3`` pool (GetObjectTagging/HeadObject, bounded), ``delvefs-job``
+Threads owned here: ``delvefs-s3`` pool (HeadObject/GetObjectTagging, bounded), ``delvefs-job``
 pool (scans, rematches, reconciles), ``tag-apply`` (drains tag results in batches),
 ``flips`` (re-evaluates time-relative views when an answer can flip), ``reconcile``
 (periodic re-listing).
@@ -43,6 +43,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from delvefs.shared.config import MAX_PROOF_LIFETIME
 from rulesets import View, compile_views, view_id
 
 from . import records as r
@@ -55,6 +56,11 @@ from .tracking import (READY, SCANNING, BucketState, ViewInfo, bucket_base_versi
 
 log = logging.getLogger("delvefs.eventhandler")
 
+DEFAULT_VIEW_TTL = 7 * 86400.0
+CLEAR_CHUNK = 1000  # records per lock hold when a forgotten view's slot is cleared
+# what an empty slot holds in the matcher: a view of no bucket ("/" is in no bucket name)
+FREED = View(name="(no view)", bucket="/")
+
 
 class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
     """``s3``: what the engine reads from S3 (``delvefs.shared.s3.BucketReader``: listings,
@@ -62,7 +68,8 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
 
     def __init__(self, store: st.Store, metrics, s3, *,
                  s3_workers: int = 16, job_workers: int = 2, reconcile_interval: float = 0.0,
-                 tombstone_horizon: float = 86400.0, on_storage_error=None):
+                 tombstone_horizon: float = 86400.0, view_ttl: float = DEFAULT_VIEW_TTL,
+                 on_storage_error=None):
         self.store = store
         # called (any thread) with a reason when LevelDB cannot be written: the process stops
         self.on_storage_error = on_storage_error or (lambda reason: None)
@@ -74,6 +81,8 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         self.reconcile_interval = reconcile_interval
         self.scan_retry = 1.0  # first delay before a failed first scan is tried again
         self.tombstone_horizon = tombstone_horizon
+        self.view_ttl = view_ttl  # views no mount used this long are forgotten (0: never)
+        self.started = time.time()
         self._listeners = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -88,19 +97,35 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         self._bits_memo: dict[tuple, bytes] = {}
         # committed object records by (bucket, key), for the event path only (bounded)
         self._cache: dict[tuple[str, str], list] = {}
-        # views and buckets (restored from the store)
+        # views and buckets (restored from the store). ``views`` and ``by_slot`` are indexed
+        # by slot (FREED and None where no view is); ``infos`` lists the registered views.
+        # Readers iterate them without the lock: writers replace them, never change them.
         self.views: list[View] = []
+        self.by_slot: list[ViewInfo | None] = []
         self.infos: list[ViewInfo] = []
         self.views_by_id: dict[str, ViewInfo] = {}
         self.buckets: dict[str, BucketState] = {}
         self.tracked: frozenset[str] = frozenset()
         self.time_buckets: frozenset[str] = frozenset()
         self.tag_buckets: frozenset[str] = frozenset()
+        self.meta_buckets: frozenset[str] = frozenset()
+        self.tag_rule_buckets: frozenset[str] = frozenset()
+        # buckets with a view listing property values (layout_by), and the property names
+        # each membership group's views list (by group bitmap; reset with the matcher)
+        self.layout_buckets: frozenset[str] = frozenset()
+        self._names_memo: dict[bytes, tuple[str, ...]] = {}
+        self._clearing: dict[int, str] = store.load_freeing()  # slot -> bucket, bits being cleared
+        self._free_slots: set[int] = set()  # cleared: reusable
+        self._view_log_n = store.last_view_log()
         for rec in store.load_views():
             view = View.from_filter_spec(rec["names"][0] if rec["names"] else rec["id"], rec["spec"])
             info = ViewInfo(rec["id"], rec["slot"], rec["spec"], view, set(rec["names"]),
-                            rec["floor"], rec["ready"], rec["created"])
+                            rec["floor"], rec["ready"], rec["created"], rec["principals"], rec["used"])
             self._add_view(info)
+        for slot in self._clearing:
+            self._grow_slots(slot)
+        self._free_slots = {slot for slot, info in enumerate(self.by_slot)
+                            if info is None and slot not in self._clearing}
         for name, rec in store.load_buckets().items():
             self.buckets[name] = BucketState(name, rec["state"], rec["version"], rec["tags"],
                                              rec["scanned"], rec["purged"])
@@ -121,19 +146,42 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
             except Exception:  # a listener must never break a writer
                 log.exception("change listener failed")
 
+    def _grow_slots(self, slot: int) -> None:
+        if slot >= len(self.views):
+            n = slot + 1 - len(self.views)
+            self.views = self.views + [FREED] * n
+            self.by_slot = self.by_slot + [None] * n
+
     def _add_view(self, info: ViewInfo) -> None:
-        assert info.slot == len(self.views)
-        self.views.append(info.view)
-        self.infos.append(info)
+        self._grow_slots(info.slot)
+        assert self.by_slot[info.slot] is None
+        views, by_slot = list(self.views), list(self.by_slot)
+        views[info.slot], by_slot[info.slot] = info.view, info
+        self.views, self.by_slot = views, by_slot
+        self.infos = self.infos + [info]
         self.views_by_id = {**self.views_by_id, info.id: info}
+
+    def _take_slot(self) -> int:
+        """The lowest cleared slot, else a new one."""
+        if self._free_slots:
+            slot = min(self._free_slots)
+            self._free_slots.discard(slot)
+            return slot
+        return len(self.views)
 
     def _recompile(self) -> None:
         self.matcher = compile_views(self.views)
         self.tracked = frozenset(self.buckets)
         self.time_buckets = frozenset(v.bucket for v in self.views if v.is_time_dependent)
-        # a listing carries neither tags nor metadata: both are fetched where a view reads either
-        self.tag_buckets = frozenset(b for b in self.buckets
-                                     if self.matcher.needs_tags(b) or self.matcher.needs_metadata(b))
+        # buckets where a fetch can be owed: a listing carries neither tags nor metadata, an
+        # event no tags; _finalize decides per object whether they can change an answer
+        self.meta_buckets = frozenset(b for b in self.buckets if self.matcher.needs_metadata(b))
+        self.tag_rule_buckets = frozenset(b for b in self.buckets if self.matcher.needs_tags(b))
+        self.tag_buckets = self.tag_rule_buckets | self.meta_buckets
+        # their members' tags and metadata are fetched (_finalize decides which objects);
+        # not a meta bucket: the metadata of objects in no such view is not read
+        self.layout_buckets = frozenset(b for b in self.buckets if self.matcher.lists_properties(b))
+        self._names_memo = {}
 
     def start(self) -> None:
         """Start the background threads and resume unfinished work (scans, rematches, tags)."""
@@ -149,8 +197,17 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
             if not info.ready and self.buckets.get(info.bucket, None) and \
                     self.buckets[info.bucket].state == READY:
                 self._submit_job(info.bucket, "rematch", self._rematch, info.bucket)
-        for bucket, key, seq in self.store.pending_tags():
-            self._fetch_tags(bucket, key, seq, need_meta=True)
+        for slot, bucket in list(self._clearing.items()):  # forgotten before the last stop
+            self._submit_job(bucket, f"clear slot {slot}", self._clear_slot, slot, bucket)
+        if self.view_ttl > 0:
+            t = threading.Thread(target=self._view_sweep_loop, name="delvefs-views", daemon=True)
+            t.start()
+            self._threads.append(t)
+        with self.lock:
+            for bucket, key, _seq in self.store.pending_tags():
+                rec = self.store.get_object(bucket, key)
+                if rec is not None and r.is_tags_pending(rec):
+                    self._fetch_tags(bucket, key, rec)
         if self.time_buckets:
             self.jobs.submit(self._schedule_all_flips)
 
@@ -193,9 +250,9 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
 
     # ---- registration -----------------------------------------------------------
 
-    def register(self, views: list[tuple[str, dict]]) -> list[dict]:
-        """Register (name, filter spec) pairs; identical specs share an id. Raises ValueError
-        for an invalid spec. Starts first scans / rematches as needed."""
+    def register(self, views: list[tuple[str, dict]], principal: str | None = None) -> list[dict]:
+        """Register (name, filter spec) pairs for ``principal``; identical specs share an id.
+        Raises ValueError for an invalid spec. Starts first scans / rematches as needed."""
         parsed = []
         for name, spec in views:
             try:
@@ -209,12 +266,14 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
                 raise ValueError(bucket_glob_message(name, view.bucket))
             parsed.append((name, view, canonical))
         out = []
+        now = time.time()
         with self.lock:
             wb = self.store.batch()
             new_views, scans, rematch = False, [], set()
             for name, view, canonical in parsed:
                 vid = view_id(canonical)
                 info = self.views_by_id.get(vid)
+                known = info is not None
                 if info is None:
                     bs = self.buckets.get(view.bucket)
                     if bs is None:
@@ -226,12 +285,18 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
                         rematch.add(view.bucket)
                     else:  # pages listed so far were matched without this view
                         bs.rematch_needed = True
-                    info = ViewInfo(vid, len(self.views), canonical, view, {name}, bs.committed,
-                                    False, time.time())
+                    info = ViewInfo(vid, self._take_slot(), canonical, view, {name}, bs.committed,
+                                    False, now)
                     self._add_view(info)
                     new_views = True
+                    self._log_view(wb, "registered", info, principal, "new view")
                 elif name not in info.names:
                     info.names = info.names | {name}
+                if principal is not None:
+                    if known and principal not in info.principals:
+                        self._log_view(wb, "registered", info, principal, "another registrant")
+                    info.principals = {**info.principals, principal: now}
+                info.used = now
                 wb.put(r.k_view(vid), info.record())
                 out.append({"name": name, "id": vid, "version": self.buckets[info.bucket].committed})
             if new_views:
@@ -248,6 +313,151 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         if new_views and self.time_buckets:
             self.jobs.submit(self._schedule_all_flips)
         return out
+
+    # ---- views that live: use, unregistering, forgetting ---------------------------------
+
+    def touch(self, info: ViewInfo) -> None:
+        """A mount used the view (listed it, polled its changes): any thread, no lock."""
+        info.used = time.time()
+
+    def touch_covered(self, principal: str, bucket: str, prefix: str) -> None:
+        """``principal`` renewed its proof of ``bucket``/``prefix``: the views it registered
+        there are in use."""
+        now = time.time()
+        for info in self.infos:
+            if info.bucket == bucket and principal in info.principals and info.view.root.startswith(prefix):
+                info.used = now
+
+    def unregister(self, vid: str, principal: str) -> bool | None:
+        """Drop ``principal``'s registration of view ``vid``; the view is forgotten when no
+        registration remains. None when ``principal`` holds none; else whether it was forgotten."""
+        with self.lock:
+            info = self.views_by_id.get(vid)
+            if info is None or principal not in info.principals:
+                return None
+            info.principals = {p: t for p, t in info.principals.items() if p != principal}
+            if info.principals:
+                wb = self.store.batch()
+                self._log_view(wb, "unregistered", info, principal, "other registrants remain")
+                wb.put(r.k_view(vid), info.record())
+                self.store.write(wb)
+                return False
+            self._forget(info, principal, "unregistered by its last registrant")
+            return True
+
+    def _forget(self, info: ViewInfo, principal: str | None, reason: str) -> None:
+        """Forget a view (call with the lock held): its record goes, its slot is cleared from
+        its bucket's records in the background and reused after that."""
+        slot = info.slot
+        wb = self.store.batch()
+        self._log_view(wb, "forgotten", info, principal, reason)
+        wb.delete(r.k_view(info.id))
+        wb.put(r.k_freeing(slot), r.packb(info.bucket))
+        self.store.write(wb)
+        views, by_slot = list(self.views), list(self.by_slot)
+        views[slot], by_slot[slot] = FREED, None
+        self.views, self.by_slot = views, by_slot
+        self.infos = [i for i in self.infos if i is not info]
+        self.views_by_id = {vid: i for vid, i in self.views_by_id.items() if i is not info}
+        self._clearing[slot] = info.bucket
+        self._recompile()
+        self._submit_job(info.bucket, f"clear slot {slot}", self._clear_slot, slot, info.bucket)
+
+    def _clear_slot(self, slot: int, bucket: str) -> int:
+        """Clear ``slot`` from ``slots`` and ``ever`` of every record of ``bucket`` (moving
+        membership entries to their new groups), in chunks under the lock; then the slot is
+        free. Nothing sets the bit meanwhile: no view holds the slot. Returns the records changed."""
+        after, changed = None, 0
+        while not self._stop.is_set():
+            with self.lock:
+                wb = self.store.batch()
+                n = 0
+                groups = set()
+                for key, rec in self.store.iter_objects(bucket, after=after):
+                    n += 1
+                    after = key
+                    old_slots = rec[r.OBJ_SLOTS]
+                    if r.bits_has(old_slots, slot) or r.bits_has(rec[r.OBJ_EVER], slot):
+                        new = list(rec)
+                        new[r.OBJ_SLOTS] = slots = r.bits_without(old_slots, slot)
+                        new[r.OBJ_EVER] = r.bits_without(rec[r.OBJ_EVER], slot)
+                        if slots != old_slots:
+                            wb.delete(r.k_member(bucket, old_slots, key))
+                            if slots:
+                                # the views left list a subset of the names the entry has
+                                names = self._listed_names(slots)
+                                props = r.only_properties(self._stored_props(bucket, old_slots, key),
+                                                          names) if names else None
+                                wb.put(r.k_member(bucket, slots, key), r.pack_member(new, props))
+                                groups.add(slots)
+                        wb.put(r.k_obj(bucket, key), r.pack_object(new))
+                        self._cache.pop((bucket, key), None)  # the event path reads it anew
+                        changed += 1
+                    if n >= CLEAR_CHUNK:
+                        break
+                bs = self.buckets[bucket]
+                bs.groups = bs.groups | groups  # before the write, as _finalize does
+                if n < CLEAR_CHUNK:  # the last chunk: the slot is free with it
+                    wb.delete(r.k_freeing(slot))
+                try:
+                    self.store.write(wb)
+                except BaseException:
+                    self._cache.clear()
+                    raise
+                if n < CLEAR_CHUNK:
+                    bs.groups = frozenset(self.store.member_groups(bucket))
+                    del self._clearing[slot]
+                    self._free_slots.add(slot)
+                    log.info("slot %d of forgotten view cleared from bucket %s (%d records)", slot, bucket, changed)
+                    return changed
+        return changed
+
+    def _log_view(self, wb, op: str, info: ViewInfo, principal: str | None, reason: str) -> None:
+        """A log line and an entry of the registration log (in ``wb``); call with the lock held."""
+        n = self._view_log_n = self._view_log_n + 1
+        entry = {"n": n, "time": time.time(), "op": op, "id": info.id, "bucket": info.bucket,
+                 "root": info.view.root or "", "principal": principal, "reason": reason}
+        wb.put(r.k_view_log(n), r.packb(entry))
+        if n > r.VIEW_LOG_SIZE:
+            wb.delete(r.k_view_log(n - r.VIEW_LOG_SIZE))
+        log.info("view %s (bucket %s, root %r) %s by %s: %s", info.id, info.bucket, entry["root"], op,
+                 principal or "the handler", reason)
+
+    def view_log(self, after: int = 0) -> list[dict]:
+        """The registration log after entry ``after`` (any thread)."""
+        return self.store.view_log(after)
+
+    def _view_sweep_loop(self) -> None:
+        """Forget views no mount used for ``view_ttl`` and keep the ``used`` times in their
+        records. After a start, nothing is forgotten before a live mount has had the time to
+        show up (its proofs are renewed at least every MAX_PROOF_LIFETIME / 2)."""
+        ttl = self.view_ttl
+        interval = max(min(ttl / 10, 3600.0), 0.05)
+        grace = min(ttl, MAX_PROOF_LIFETIME)
+        while not self._stop.wait(interval):
+            try:
+                self.sweep_views(time.time(), grace)
+            except Exception as exc:
+                self._background_failed(exc, "forgetting unused views")
+
+    def sweep_views(self, now: float, grace: float = 0.0) -> list[str]:
+        """One pass of the sweep (see _view_sweep_loop); the ids of the views forgotten."""
+        ttl = self.view_ttl
+        forgotten = []
+        with self.lock:
+            if now - self.started >= grace:
+                for info in list(self.infos):
+                    if now - info.used > ttl:
+                        self._forget(info, None, f"no mount used it for {now - info.used:.0f} s "
+                                                 f"(view ttl {ttl:g} s)")
+                        forgotten.append(info.id)
+            stale = [info for info in self.infos if info.used - info.saved_used > min(ttl / 10, 3600.0)]
+            if stale:
+                wb = self.store.batch()
+                for info in stale:
+                    wb.put(r.k_view(info.id), info.record())
+                self.store.write(wb)
+        return forgotten
 
     def view_ready(self, info: ViewInfo) -> bool:
         bs = self.buckets.get(info.bucket)
@@ -266,9 +476,9 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         rec = self.store.get_object(bucket, key)
         if rec is None or r.is_deleted(rec):
             return None
-        infos = self.infos
+        by_slot = self.by_slot
         return {"bucket": bucket, "key": key, **r.object_fields(rec),
-                "views": [infos[s].id for s in r.view_slots(rec)]}
+                "views": [by_slot[s].id for s in r.view_slots(rec) if s < len(by_slot) and by_slot[s]]}
 
     def list_view(self, info: ViewInfo, after: str | None, limit: int) -> dict:
         """One page of a view, in key order: a merge of the membership groups that hold its
@@ -280,11 +490,12 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         groups = [g for g in bs.groups if r.bits_has(g, slot)]
         objects = []
         more = False
+        names = info.view.layout_by  # None: a view that lists no property values
         for key, entry in self.store.iter_members(info.bucket, groups, after):
             if len(objects) >= limit:
                 more = True
                 break
-            objects.append(r.member_listing(key, entry))
+            objects.append(r.member_listing(key, entry, names))
         return {"version": version, "objects": objects,
                 "next": objects[-1]["key"] if more and objects else None}
 
@@ -296,6 +507,7 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         out = []
         more = False
         last_v = since
+        names = info.view.layout_by  # None: a view that lists no property values
         for v, e in self.store.iter_changes(info.bucket, since):
             if v > top:
                 break
@@ -305,7 +517,7 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
             last_v = v
             op = r.change_view_op(e, slot)
             if op == "put":
-                out.append({"v": v, "op": "put", "key": r.change_key(e), "object": r.change_object(e)})
+                out.append({"v": v, "op": "put", "key": r.change_key(e), "object": r.change_object(e, names)})
             elif op == "delete":
                 out.append({"v": v, "op": "delete", "key": r.change_key(e), "object": None})
         return {"version": last_v if more else top, "changes": out, "more": more}

@@ -11,31 +11,60 @@ import logging
 import queue
 import time
 
+from rulesets import ObjectInfo
+
 from . import records as r
 
 log = logging.getLogger("delvefs.eventhandler")
 
+TAG_APPLY_GATHER = 0.01  # seconds a tag result waits for others to be applied with
+
 
 class TagFetcher:
-    """Part of ``Engine`` (a mixin). A fetch is owed for every record with ``TAGS_PENDING``;
-    each (bucket, key) has a ticket so that only the newest fetch's result is applied."""
+    """Part of ``Engine`` (a mixin). A fetch is owed for every record with ``TAGS_PENDING``
+    (``_finalize`` decides which: only objects whose answer the tags can change, or whose
+    metadata a view reads and a listing did not bring); each (bucket, key) has a ticket so
+    that only the newest fetch's result is applied. A fetch reads the metadata first (when
+    owed), then the tags only if, with that metadata, they can still change an answer."""
 
-    def _fetch_tags(self, bucket: str, key: str, seq: int, need_meta: bool = False) -> None:
+    def _fetch_tags(self, bucket: str, key: str, rec) -> None:
+        """Start the fetch owed for ``rec``, the record of ``key`` (call with the lock held)."""
         if self._stop.is_set():
             return
         k = (bucket, key)
         ticket = self._tag_ticket.get(k, 0) + 1
         self._tag_ticket[k] = ticket
+        # the size and mtime decide, with the metadata, whether the tags are needed after it
+        meta_first = (rec[r.OBJ_SIZE], rec[r.OBJ_MTIME]) if r.lacks_metadata(rec) and (
+            bucket in self.meta_buckets or bucket in self.layout_buckets) else None
         try:
-            self.s3_pool.submit(self._tag_job, bucket, key, seq, ticket, need_meta)
+            self.s3_pool.submit(self._tag_job, bucket, key, r.seq_of(rec), ticket, meta_first)
         except RuntimeError:  # pool shut down
             pass
 
-    def _tag_job(self, bucket, key, seq, ticket, need_meta):
+    def _tags_needed(self, bucket: str, key: str, size: int, mtime: float, meta: dict) -> bool:
+        """Whether the tags of an object with this size, mtime and metadata can change an
+        answer, or are listed (it is, or may be, in a view listing property values).
+        Called outside the lock: views may change meanwhile, so ``_finalize`` asks again
+        when the result is applied."""
+        matcher = self.matcher
+        obj = ObjectInfo(bucket, key, size, mtime, None, {}, meta)
+        return matcher.tags_could_matter(obj) or (
+            bucket in self.layout_buckets and matcher.in_property_listing(obj))
+
+    def _tag_job(self, bucket, key, seq, ticket, meta_first):
+        """``meta_first``: (size, mtime) when the metadata must be read first, else None."""
         try:
-            tags = self.s3.tags(bucket, key)
-            self.metrics.tag_fetches.inc()
-            meta = self.s3.metadata(bucket, key) if need_meta and tags is not None else None
+            meta = tags = None
+            if meta_first is not None:
+                meta = self.s3.metadata(bucket, key)
+            if meta_first is None or (meta is not None and self._tags_needed(bucket, key, *meta_first, meta)):
+                self.metrics.tag_fetches.inc()
+                tags = self.s3.tags(bucket, key)
+                if tags is None:  # gone (its remove event follows): known to have none
+                    tags = {}
+            elif meta is None:  # gone
+                tags, meta = {}, {}
         except Exception as exc:
             log.warning("tags of %s/%s: %s (kept pending until a restart or reconcile)", bucket, key, exc)
             if self._tag_ticket.get((bucket, key)) == ticket:  # the newest fetch failed
@@ -50,9 +79,13 @@ class TagFetcher:
             if item is None:
                 continue
             items = [item]
+            # results trickle in (one per GetObjectTagging): gather those of the next few
+            # milliseconds too, so one lock hold and one WriteBatch apply many
+            gather_until = time.monotonic() + TAG_APPLY_GATHER
             while len(items) < 1000:
                 try:
-                    nxt = q.get_nowait()
+                    nxt = q.get(timeout=max(gather_until - time.monotonic(), 0)) \
+                        if time.monotonic() < gather_until else q.get_nowait()
                 except queue.Empty:
                     break
                 if nxt is not None:
@@ -63,6 +96,9 @@ class TagFetcher:
                 self._background_failed(exc, f"applying {len(items)} tag results")
 
     def apply_tag_results(self, items) -> None:
+        """Apply fetched (tags, metadata); None for what was not fetched. ``_finalize``
+        matches the records, or asks for the tags after all when, with the views of now,
+        they can change an answer."""
         with self.lock:
             work = {}
             for bucket, key, seq, ticket, tags, meta in items:
@@ -94,24 +130,35 @@ class TagFetcher:
                 rec = self.store.get_object(b, key)
                 if rec is None or not r.is_tags_pending(rec):
                     continue
-                self._fetch_tags(b, key, r.seq_of(rec), need_meta=r.lacks_metadata(rec))
+                self._fetch_tags(b, key, rec)
                 n += 1
         if n:
             log.info("reconcile of %s: fetching the tags of %d objects again", bucket, n)
         return n
 
-    def _fetch_props(self, bucket, keys, need_meta=True) -> dict:
-        """{key: (tags, metadata)} fetched concurrently; objects gone are left out."""
+    def _fetch_props(self, bucket, keys, listed) -> dict:
+        """{key: (tags, metadata)} of listed objects, fetched concurrently; None for what
+        was not fetched: metadata no view of the bucket reads, tags that cannot change an
+        answer given the rest. Objects gone are left out. ``listed``: {key: (seq, size,
+        mtime, etag)} as from a listing page."""
+        need_meta = bucket in self.meta_buckets
+        layout = bucket in self.layout_buckets
+
         def one(key):
+            _seq, size, mtime, _etag = listed[key]
+            meta = self.s3.metadata(bucket, key) if need_meta else None
+            if need_meta and meta is None:
+                return key, None
+            if not self._tags_needed(bucket, key, size, mtime, meta or {}):
+                return key, (None, meta)
+            if layout and meta is None:  # its values may be user metadata
+                meta = self.s3.metadata(bucket, key)
+                if meta is None:
+                    return key, None
+            self.metrics.tag_fetches.inc()
             tags = self.s3.tags(bucket, key)
-            meta = self.s3.metadata(bucket, key) if need_meta and tags is not None else {}
-            return key, tags, meta
-        out = {}
-        self.metrics.tag_fetches.inc(len(keys))
-        for key, tags, meta in self.s3_pool.map(one, keys):
-            if tags is not None and meta is not None:
-                out[key] = (tags, meta)
-        return out
+            return key, None if tags is None else (tags, meta)
+        return {key: props for key, props in self.s3_pool.map(one, keys) if props is not None}
 
 
 class FlipScheduler:
@@ -124,7 +171,8 @@ class FlipScheduler:
         pushed = False
         with self._flip_cond:
             for bucket, key, rec in items:
-                t = matcher.next_flip(r.object_info(bucket, key, rec), now)
+                # tags not fetched (they could not matter) may start to matter at a flip
+                t = matcher.next_flip(r.object_info(bucket, key, rec), now, r.tags_unknown(rec))
                 k = (bucket, key)
                 if t is None:
                     self._flip_at.pop(k, None)

@@ -9,7 +9,9 @@ Wires, inside one ExitStack (torn down in reverse order):
 2. ``Engine``  — registered views, buckets, the write lock, S3 worker pools, background
                  threads (tags, time flips, periodic reconcile); it reads S3 through a
                  ``BucketReader`` (delvefs.shared.s3) made here;
-3. ``Consumer``— the AMQP thread (pika BlockingConnection), acking after each commit;
+3. ``Consumer``— the AMQP thread (pika BlockingConnection), acking after each commit; or,
+                 with ``--sqs-queue`` / $DELVEFS_SQS_QUEUE, ``SqsConsumer`` (eventhandler/sqs.py:
+                 SQS long polls, deleting after each commit) — one event source per handler;
 4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT;
    beside it, ``quiet_gc`` keeps garbage collections off the event path (delvefs.shared.quietgc).
 
@@ -28,8 +30,14 @@ closes its connection, the engine stops its threads, LevelDB is closed; exit 0.
 
 Environment (besides config.py's): ``DELVEFS_RECONCILE_INTERVAL`` (seconds; default 3600,
 0 = never; each reconcile also compacts), ``DELVEFS_TOMBSTONE_HORIZON`` (seconds a removed
-key's tombstone is kept; default 86400), ``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``),
-``DELVEFS_LOG_LEVEL`` (default INFO).
+key's tombstone is kept; default 86400), ``DELVEFS_VIEW_TTL`` (seconds, or ``--view-ttl``: views
+no mount used this long are forgotten; default 604800 = 7 days, 0 = never),
+``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``), ``DELVEFS_LOG_LEVEL``
+(default INFO; ``--log-level``, ``--debug`` and ``--log-file`` win); for the SQS source
+``DELVEFS_SQS_POLLERS`` and ``DELVEFS_SQS_VISIBILITY`` (eventhandler/sqs.py);
+``DELVEFS_SCAN_LOG_INTERVAL`` (seconds between a listing's progress lines; default 5). Under systemd
+(``Type=notify``) it sends ``READY=1`` once its API answers (active or standing by) and
+``STOPPING=1`` when it stops (delvefs.shared.sdnotify).
 """
 from __future__ import annotations
 
@@ -44,7 +52,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from delvefs.shared import config
+from delvefs.shared import config, logsetup, sdnotify
 from delvefs.shared.quietgc import QuietGC
 
 log = logging.getLogger("delvefs.eventhandler")
@@ -63,13 +71,15 @@ def default_state_dir() -> Path:
 
 
 async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event,
-                ssl_context=None) -> None:
+                ssl_context=None, status: str = "active") -> None:
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         log.info("listening on %s://%s:%d", "https" if ssl_context else "http", host, port)
+        # systemd (Type=notify): started once the API answers, be it active or standing by
+        sdnotify.ready(f"{status} on {host}:{port}")
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -82,15 +92,14 @@ def quiet_gc(stop: threading.Event) -> None:
 
 
 def run(args) -> int:
-    logging.basicConfig(level=os.environ.get("DELVEFS_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("pika").setLevel(logging.WARNING)
+    logsetup.setup(getattr(args, "log_level", None), getattr(args, "log_file", None),
+                   debug=getattr(args, "debug", False))
     from delvefs.shared.s3 import BucketReader
 
     from .amqp import Consumer, LagMonitor
     from .api import Api
     from .auth import GRANTS_FILE, Authenticator, Grants, listen_is_loopback, principals_path, tls_context
-    from .engine import Engine
+    from .engine import DEFAULT_VIEW_TTL, Engine
     from .metrics import Metrics
     from .standby import StateLock, stand_by
     from .statedb import Store
@@ -118,6 +127,8 @@ def run(args) -> int:
         return 2
     interval = float(os.environ.get("DELVEFS_RECONCILE_INTERVAL", "3600"))
     horizon = float(os.environ.get("DELVEFS_TOMBSTONE_HORIZON", "86400"))
+    view_ttl = getattr(args, "view_ttl", None)
+    view_ttl = float(os.environ.get("DELVEFS_VIEW_TTL", DEFAULT_VIEW_TTL)) if view_ttl is None else view_ttl
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     with contextlib.ExitStack() as stack:
@@ -127,7 +138,7 @@ def run(args) -> int:
         # one handler per state directory; another one stands by until this lock is free
         lock = StateLock(state_dir)
         if not lock.acquire_now() and not loop.run_until_complete(
-                stand_by(lock, lambda app, until: serve(app, host, port, until, tls), stop)):
+                stand_by(lock, lambda app, until: serve(app, host, port, until, tls, "standing by"), stop)):
             log.info("stopped while standing by")
             return 0
         lock.record_holder(f"{host}:{port}")
@@ -139,17 +150,29 @@ def run(args) -> int:
         def stop_for(reason: str) -> None:  # any thread
             fatal.append(reason)
             loop.call_soon_threadsafe(stop.set)
-        engine = Engine(store, metrics, BucketReader(), reconcile_interval=interval,
-                        tombstone_horizon=horizon, on_storage_error=stop_for)
+        # tags and metadata without botocore when the keys are static (as a mount's)
+        reader = BucketReader.from_settings(config.S3Settings.from_env())
+        engine = Engine(store, metrics, reader, reconcile_interval=interval,
+                        tombstone_horizon=horizon, view_ttl=view_ttl, on_storage_error=stop_for)
         stack.callback(engine.close)
         engine.start()
-        consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),
-                            engine, metrics, on_fatal=stop_for)
-        consumer.start()
-        stack.callback(consumer.stop)
-        lag = LagMonitor(consumer.url, consumer.queue, metrics.queue, ready=consumer.connected.is_set)
-        lag.start()
-        stack.callback(lag.stop)
+        sqs_queue = config.sqs_queue(getattr(args, "sqs_queue", None))
+        if sqs_queue:  # AWS S3: notifications arrive through SQS (eventhandler/sqs.py)
+            from .sqs import SqsConsumer
+            consumer = SqsConsumer(sqs_queue, engine, metrics, on_fatal=stop_for,
+                                   dead_letter_url=config.sqs_dead_letter_queue(
+                                       getattr(args, "sqs_dead_letter_queue", None)))
+            consumer.start()
+            stack.callback(consumer.stop)
+        else:
+            consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),
+                                engine, metrics, on_fatal=stop_for)
+            consumer.start()
+            stack.callback(consumer.stop)
+            lag = LagMonitor(consumer.url, consumer.queue, metrics.set_queue_depth,
+                             ready=consumer.connected.is_set)
+            lag.start()
+            stack.callback(lag.stop)
         grants = Grants(state_dir / GRANTS_FILE)  # read now: a standby's copy would be stale
         auth.on_revoked = grants.forget
         api = Api(engine, consumer, metrics, auth, grants, config.S3Settings.from_env().endpoint_url)
@@ -158,6 +181,7 @@ def run(args) -> int:
         stack.callback(gc_stop.set)
         loop.run_until_complete(serve(api.app(), host, port, stop, tls))
         log.info("stopping")
+        sdnotify.stopping()
     if fatal:
         log.error("stopped: %s (no event was lost: the unapplied ones wait in the queue)", fatal[0])
         return 3

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
@@ -69,3 +71,42 @@ class Metrics:
         self.tag_fetches = Counter("delvefs_tag_fetches", "GetObjectTagging requests", registry=r)
         self.flips = Counter("delvefs_time_flips", "objects re-evaluated because time passed", registry=r)
         self.repaired = Counter("delvefs_reconcile_repairs", "objects repaired by reconcile", registry=r)
+        # what `GET /v1/status` reports beyond the counters
+        self.dead_letters = DeadLetters(self.dead)
+        self.newest_event = 0.0  # epoch s: the time of the newest event applied (0: none yet)
+        self.queue_depth: int | None = None  # messages waiting in the source's queue (None: not known yet)
+
+    def set_queue_depth(self, n: int) -> None:
+        self.queue_depth = n
+        self.queue.set(n)
+
+    def applied(self, events) -> None:
+        """A batch of ``events`` was committed: remember its newest event's time (a
+        sequencer that is epoch ns: MinIO's, or one made from eventTime by the SQS source)."""
+        newest = max((e.seq for e in events if 10**18 <= e.seq <= 4 * 10**18), default=0) / 1e9
+        if newest > self.newest_event:
+            self.newest_event = newest
+
+
+class DeadLetters:
+    """Counts dead-lettered messages (the ``delvefs_events_dead_lettered`` counter) and keeps
+    the last few reasons, each with its bucket when one is known (the status endpoint shows a
+    principal only those of buckets it may read)."""
+
+    KEEP = 20
+
+    def __init__(self, counter):
+        self.counter = counter
+        self.count = 0
+        self.recent: collections.deque = collections.deque(maxlen=self.KEEP)
+        self._lock = threading.Lock()
+
+    def add(self, reason: str, bucket: str | None = None) -> None:
+        self.counter.inc()
+        with self._lock:
+            self.count += 1
+            self.recent.append({"time": round(time.time(), 3), "reason": reason[:300], "bucket": bucket})
+
+    def snapshot(self) -> tuple[int, list[dict]]:
+        with self._lock:
+            return self.count, list(self.recent)

@@ -10,10 +10,17 @@ version so that byte order is numeric order). Values are msgpack.
 key                    value                                                       writers
 =====================  ==========================================================  ==========
 ``S`` "schema"         int SCHEMA                                                  open()
-``V`` vid              {"id", "slot", "spec", "names": [..], "floor", "ready",     register
-                        "created"}: one registered view (filter spec, its slot =
-                        its index in the matcher, the first version whose change
-                        log is complete for it)
+``V`` vid              {"id", "slot", "spec", "names": [..], "floor", "ready",     register,
+                        "created", "principals": {name: time}, "used"}: one         forget
+                        registered view (filter spec, its slot = its index in
+                        the matcher, the first version whose change log is
+                        complete for it, who registered it when, when a mount
+                        last used it)
+``F`` slot             bucket: the slot of a forgotten view whose bits are being   forget
+                        cleared from the bucket's records (not reusable before)
+``L`` n                {"n", "time", "op", "id", "bucket", "root", "principal",     register,
+                        "reason"}: the registration log, the newest                 forget
+                        VIEW_LOG_SIZE entries (n: 8-byte big-endian counter)
 ``B`` bucket           {"state": "scanning"|"ready", "version", "tags": bool,      scan,
                         "scanned": epoch, "purged"}: a tracked bucket (some view     batches,
                         names it); ``version`` = last change-log version of the     compact
@@ -22,13 +29,15 @@ key                    value                                                    
 ``o`` bucket\\0key      [seq, size, mtime, etag, tags|None, metadata, slots, ever,  batches
                         lv, flags]: object metadata (OBJ_* indices below)
 ``c`` bucket\\0 v       [key, deleted, slots, ever|None (= slots), size, mtime,     batches
-                        etag]: change log of the bucket, shared by all its views
-``m`` bucket\\0 g key   [size, mtime, etag]: the membership index — one entry per    batches
-                        object that matches at least one view, filed under its
-                        ``slots`` bitmap g (prefixed with its 2-byte big-endian
-                        length): every member of a view lies in the groups g
-                        that hold its slot
-``T`` bucket\\0key      int seq: a GetObjectTagging for version seq is pending      batches
+                        etag(, props)]: change log of the bucket, shared by all
+                        its views
+``m`` bucket\\0 g key   [size, mtime, etag(, props)]: the membership index — one     batches
+                        entry per object that matches at least one view, filed
+                        under its ``slots`` bitmap g (prefixed with its 2-byte
+                        big-endian length): every member of a view lies in the
+                        groups g that hold its slot
+``T`` bucket\\0key      int seq: a fetch of version seq's tags (and metadata) is    batches
+                        owed (``TAGS_PENDING``)
 ``E`` bucket\\0 n       [kind, key, seq, size, etag, mtime, metadata, name]: an      consumer
                        event of a bucket whose first scan is running, held until
                        the scan ends (n: 8-byte big-endian arrival counter)
@@ -38,8 +47,10 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
 
 - ``o`` holds only keys of tracked buckets (events of other buckets are dropped unread, as
   in the paper: their metadata would cost writes for nobody). ``tags``/``metadata`` of None
-  mean "not known" (tags are fetched only for buckets where a view has property rules; a
-  listing carries no metadata), ``{}`` means known to be empty. ``seq`` (the S3 sequencer as int) never
+  mean "not known" (a listing carries neither, an event no tags; tags are fetched only for
+  an object whose answer they can change, metadata only where a view reads it), ``{}``
+  means known to be empty. A settled record with unknown tags was matched with its tags
+  unknown: no view's answer depended on them (``Matcher.match_partial``). ``seq`` (the S3 sequencer as int) never
   decreases for a key; a removed key is kept as a tombstone (``flags & DELETED``, the
   remove's seq) so that a late or replayed older create cannot resurrect it — until a
   reconcile compacts tombstones older than the horizon (``Engine.compact``), together with
@@ -48,9 +59,18 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
 - ``slots`` = the set of slots of the views the object matches, as a little-endian bitmap
   (bytes; bit i = slot i; b"" for tombstones; never changed while ``flags & TAGS_PENDING``);
   ``ever`` = bitmap union of all slots the key was in since it was first seen (so a change
-  entry can tell a view "this key left you"). Slots are never reused (views are not removed).
+  entry can tell a view "this key left you"). The slot of a forgotten view is reused only
+  after its bit was cleared from ``slots`` and ``ever`` of every record of its bucket (and
+  the membership entries moved to the groups without it): a view in a reused slot inherits
+  nothing. Change entries keep the old bits, but a new view's floor is above all of them.
 - ``m bucket\\0 g key`` exists iff the ``o`` record of key has ``slots`` == g != b"", and
-  holds that record's size, mtime and etag. A view's listing merges, in key order, the
+  holds that record's size, mtime and etag.
+- ``props`` ({name: value}) is there iff a view of the entry's slots lists property values
+  (``layout_by``): for every name those views list, the record's tag of that name, else
+  its user metadata of that name (names lowercase; a name it lacks left out). Such a
+  record's tags and metadata are known (``_finalize`` fetches them first). Entries without
+  ``props`` cost nothing more than before (the field is simply absent, so states written
+  before it need no migration). A view's listing merges, in key order, the
   groups whose bitmap holds its slot: it reads its members and nothing else, however big
   the bucket. The index is grouped by the whole bitmap rather than kept per view so that
   an event costs O(1) writes however many views match (one put when a member changes,
@@ -93,7 +113,7 @@ TAGS_PENDING = 2
 UNSETTLED = DELETED | TAGS_PENDING  # not matched against the views: removed, or tags owed
 
 # change entry fields
-CH_KEY, CH_DELETED, CH_SLOTS, CH_EVER, CH_SIZE, CH_MTIME, CH_ETAG = range(7)
+CH_KEY, CH_DELETED, CH_SLOTS, CH_EVER, CH_SIZE, CH_MTIME, CH_ETAG, CH_PROPS = range(8)
 
 _V = struct.Struct(">Q")
 _G = struct.Struct(">H")  # length of a membership group's bitmap
@@ -244,33 +264,36 @@ def tombstone(seq, prev) -> list:
     return new_version(prev, seq, 0, 0.0, "", None, {}, DELETED)
 
 
-def with_tags_pending(rec) -> list:
-    """A copy of ``rec`` that waits for a tag fetch (its views stay as they are until then)."""
+def with_tags_unknown(rec) -> list:
+    """A copy of ``rec`` whose tags changed to something not known yet (a tagging event)."""
     new = list(rec)
-    new[OBJ_FLAGS] |= TAGS_PENDING
+    new[OBJ_TAGS] = None
     return new
 
 
 def with_tags(rec, tags, metadata) -> list:
-    """A copy of ``rec`` with fetched tags (None: the object had none) and metadata (None:
-    not fetched; kept, or known empty when unknown), no longer waiting."""
+    """A copy of ``rec`` with what a fetch brought: tags (None: not fetched, they could not
+    change an answer) and metadata (None: not fetched; kept, or known empty when unknown
+    and the tags were fetched), no longer waiting."""
     new = list(rec)
-    new[OBJ_TAGS] = tags if tags is not None else {}
+    if tags is not None:
+        new[OBJ_TAGS] = tags
     if metadata is not None:
         new[OBJ_META] = metadata
-    elif new[OBJ_META] is None:
+    elif new[OBJ_META] is None and tags is not None:
         new[OBJ_META] = {}
     new[OBJ_FLAGS] &= ~TAGS_PENDING
     return new
 
 
-def to_match_again(rec, needs_tags: bool = False) -> list:
-    """A copy of ``rec`` to be matched again; when the bucket's views need tags and metadata
-    that the record lacks, it waits for them instead."""
-    new = list(rec)
-    if needs_tags and (rec[OBJ_TAGS] is None or rec[OBJ_META] is None):
-        new[OBJ_FLAGS] |= TAGS_PENDING
-    return new
+def to_match_again(rec) -> list:
+    """A copy of ``rec`` to be matched again (``_finalize`` decides whether it must wait
+    for its tags or metadata first)."""
+    return list(rec)
+
+
+def tags_unknown(rec) -> bool:
+    return rec[OBJ_TAGS] is None
 
 
 def seq_of(rec) -> int:
@@ -326,25 +349,59 @@ def listed_fields_differ(old, new) -> bool:
     return old[OBJ_SIZE] != new[OBJ_SIZE] or old[OBJ_ETAG] != new[OBJ_ETAG] or old[OBJ_MTIME] != new[OBJ_MTIME]
 
 
+def listed_properties(rec, names) -> dict:
+    """The values of the properties ``names`` (lowercase) of a record whose tags and metadata
+    are known: its tag of that name (compared case-insensitively), else its user metadata
+    of that name; names it lacks are left out."""
+    found = {}
+    for source in (rec[OBJ_META] or _EMPTY), (rec[OBJ_TAGS] or _EMPTY):  # tags last: a tag wins
+        for name, value in source.items():
+            name = name.lower()
+            if name in names:
+                found[name] = value
+    return found
+
+
+def only_properties(props, names) -> dict:
+    """What a view listing the properties ``names`` shows of an entry's ``props``."""
+    if not props:
+        return {}
+    return {name: props[name] for name in names if name in props}
+
+
 # ---- membership index entries (``m``) ---------------------------------------------------------
 
-def pack_member(rec) -> bytes:
-    return packb([rec[OBJ_SIZE], rec[OBJ_MTIME], rec[OBJ_ETAG]])
+def pack_member(rec, props: dict | None = None) -> bytes:
+    if props is None:
+        return packb([rec[OBJ_SIZE], rec[OBJ_MTIME], rec[OBJ_ETAG]])
+    return packb([rec[OBJ_SIZE], rec[OBJ_MTIME], rec[OBJ_ETAG], props])
 
 
-def member_listing(key: str, entry) -> dict:
-    """A listed object as the API shows it, from its membership entry."""
-    size, mtime, etag = entry
-    return {"key": key, "size": size, "mtime": mtime, "etag": etag}
+def member_properties(entry) -> dict | None:
+    """The ``props`` of a membership entry (None: no view of its group lists any)."""
+    return entry[3] if len(entry) > 3 else None
+
+
+def member_listing(key: str, entry, names: tuple[str, ...] | None = None) -> dict:
+    """A listed object as the API shows it, from its membership entry; with ``names`` (a
+    view's ``layout_by``) also its ``properties``."""
+    obj = {"key": key, "size": entry[0], "mtime": entry[1], "etag": entry[2]}
+    if names is not None:
+        obj["properties"] = only_properties(member_properties(entry), names)
+    return obj
 
 
 # ---- change entries (``c``) -------------------------------------------------------------------
 
-def pack_change(key: str, rec) -> bytes:
-    """The change entry of ``key`` whose record is now ``rec`` (slots and ever final)."""
+def pack_change(key: str, rec, props: dict | None = None) -> bytes:
+    """The change entry of ``key`` whose record is now ``rec`` (slots and ever final);
+    ``props`` as in its membership entry."""
     slots, ever = rec[OBJ_SLOTS], rec[OBJ_EVER]
-    return packb([key, 1 if rec[OBJ_FLAGS] & DELETED else 0, slots, None if ever == slots else ever,
-                  rec[OBJ_SIZE], rec[OBJ_MTIME], rec[OBJ_ETAG]])
+    entry = [key, 1 if rec[OBJ_FLAGS] & DELETED else 0, slots, None if ever == slots else ever,
+             rec[OBJ_SIZE], rec[OBJ_MTIME], rec[OBJ_ETAG]]
+    if props is not None:
+        entry.append(props)
+    return packb(entry)
 
 
 def change_key(entry) -> str:
@@ -361,9 +418,13 @@ def change_view_op(entry, slot: int) -> str | None:
     return None
 
 
-def change_object(entry) -> dict:
-    """The object of a "put" change as the API shows it."""
-    return {"key": entry[CH_KEY], "size": entry[CH_SIZE], "mtime": entry[CH_MTIME], "etag": entry[CH_ETAG]}
+def change_object(entry, names: tuple[str, ...] | None = None) -> dict:
+    """The object of a "put" change as the API shows it; with ``names`` (a view's
+    ``layout_by``) also its ``properties``."""
+    obj = {"key": entry[CH_KEY], "size": entry[CH_SIZE], "mtime": entry[CH_MTIME], "etag": entry[CH_ETAG]}
+    if names is not None:
+        obj["properties"] = only_properties(entry[CH_PROPS] if len(entry) > CH_PROPS else None, names)
+    return obj
 
 
 # ---- pending tag fetches (``T``) --------------------------------------------------------------
@@ -394,11 +455,40 @@ def unpack_bucket(raw: bytes) -> dict:
     return {"tags": False, "scanned": 0.0, "purged": 0, **unpackb(raw)}
 
 
-def pack_view(vid: str, slot: int, spec: dict, names, floor: int, ready: bool, created: float) -> bytes:
+def pack_view(vid: str, slot: int, spec: dict, names, floor: int, ready: bool, created: float,
+              principals: dict[str, float] | None = None, used: float = 0.0) -> bytes:
     return packb({"id": vid, "slot": slot, "spec": spec, "names": sorted(names), "floor": floor,
-                  "ready": ready, "created": created})
+                  "ready": ready, "created": created, "principals": principals or {}, "used": used})
 
 
 def unpack_view(raw: bytes) -> dict:
-    """A view record's fields (``created`` is 0.0 in records older than it)."""
-    return {"created": 0.0, **unpackb(raw)}
+    """A view record's fields (the ones older records lack at their defaults: ``created``
+    0.0, no principals, ``used`` when created)."""
+    rec = {"created": 0.0, "principals": {}, **unpackb(raw)}
+    rec.setdefault("used", rec["created"])
+    return rec
+
+
+# ---- slots being cleared (``F``) and the registration log (``L``) -------------------------
+
+FREEING_PREFIX = b"F"
+VIEW_LOG_PREFIX = b"L"
+VIEW_LOG_SIZE = 1000
+
+
+def k_freeing(slot: int) -> bytes:
+    return FREEING_PREFIX + _V.pack(slot)
+
+
+def freeing_slot(k: bytes) -> int:
+    return _V.unpack_from(k, 1)[0]
+
+
+def k_view_log(n: int) -> bytes:
+    return VIEW_LOG_PREFIX + _V.pack(n)
+
+
+def bits_without(bits: bytes, slot: int) -> bytes:
+    """``bits`` with ``slot`` cleared (minimal length, as bits_of makes them)."""
+    n = int.from_bytes(bits, "little") & ~(1 << slot)
+    return n.to_bytes((n.bit_length() + 7) >> 3, "little")

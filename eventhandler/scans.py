@@ -10,6 +10,7 @@ event of the bucket is held after its last chunk (engine.py has the concurrency 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from email.utils import parsedate_to_datetime
 
@@ -40,8 +41,54 @@ def _listed(contents) -> dict:
     return listed
 
 
+class ScanProgress:
+    """A listing under way (a first scan or a reconcile), for the progress log lines and
+    ``GET /v1/status``. ``expected``: the objects the bucket's last complete listing in this
+    process found (the estimate of the total), else None."""
+
+    __slots__ = ("kind", "started", "listed", "expected", "logged")
+
+    def __init__(self, kind: str, expected: int | None):
+        self.kind = kind
+        self.started = time.monotonic()
+        self.listed = 0
+        self.expected = expected
+        self.logged = self.started
+
+    def report(self) -> dict:
+        """{"kind", "listed", "seconds", "rate" (objects/s), "expected", "eta" (s; None: unknown)}."""
+        seconds = max(time.monotonic() - self.started, 1e-3)
+        rate = self.listed / seconds
+        eta = None
+        if self.expected and rate > 0:
+            eta = round(max(self.expected - self.listed, 0) / rate, 1)
+        return {"kind": self.kind, "listed": self.listed, "seconds": round(seconds, 1),
+                "rate": round(rate, 1), "expected": self.expected, "eta": eta}
+
+
+def progress_text(bucket: str, p: dict) -> str:
+    """One line about a listing under way (log lines, ``delvefs status``)."""
+    left = f", ~{p['eta']:.0f} s left of ~{p['expected']}" if p["eta"] is not None else ", total unknown"
+    return (f"{p['kind']} of bucket {bucket}: {p['listed']} objects listed in {p['seconds']:.0f} s "
+            f"({p['rate']:.0f}/s{left})")
+
+
+SCAN_LOG_INTERVAL = float(os.environ.get("DELVEFS_SCAN_LOG_INTERVAL", "5"))
+
+
 class Scanner:
     """Part of ``Engine`` (a mixin)."""
+
+    @property
+    def scan_progress(self) -> dict[str, ScanProgress]:
+        """The listings under way, by bucket (one per bucket at a time: jobs of a bucket
+        run one after the other)."""
+        return self.__dict__.setdefault("_scan_progress", {})
+
+    @property
+    def _listed_last(self) -> dict[str, int]:
+        """Objects of each bucket's last complete listing (this process)."""
+        return self.__dict__.setdefault("_scan_listed_last", {})
 
     def _first_scan(self, bucket: str) -> dict | None:
         """A bucket's first scan, retried with backoff (``scan_retry`` s doubling up to a
@@ -72,6 +119,19 @@ class Scanner:
         apply the events buffered meanwhile and declare the bucket ready)."""
         t0 = time.monotonic()
         self.metrics.scans.inc()
+        progress = self.scan_progress[bucket] = ScanProgress(
+            "first scan" if initial else "reconcile", self._listed_last.get(bucket))
+        try:
+            counts, complete = self._list_and_apply(bucket, initial, progress)
+        finally:
+            self.scan_progress.pop(bucket, None)
+        if not complete:  # stopping
+            return counts
+        self._listed_last[bucket] = counts["listed"]
+        return self._scan_finish(bucket, initial, counts, t0)
+
+    def _list_and_apply(self, bucket: str, initial: bool, progress: ScanProgress) -> tuple[dict, bool]:
+        """List the bucket, applying page by page: (counts, whether the listing is complete)."""
         prev_last = None
         counts = {"listed": 0, "repaired": 0, "removed": 0}
         # the store's clock before the listing starts: objects modified earlier and not listed
@@ -79,18 +139,27 @@ class Scanner:
         cutoff = _http_date_ns(self.s3.store_date(bucket))
         for contents, _date in self.s3.list_pages(bucket):
             if self._stop.is_set():
-                return counts
+                return counts, False
             if not contents:
                 continue
             listed = _listed(contents)
             last = contents[-1]["Key"]
             counts["listed"] += len(listed)
+            progress.listed = counts["listed"]
             if initial:  # progress, for the 503 "scanning" answers meanwhile
                 self.buckets[bucket].scan_listed = counts["listed"]
+            if time.monotonic() - progress.logged >= SCAN_LOG_INTERVAL:
+                progress.logged = time.monotonic()
+                log.info("%s", progress_text(bucket, progress.report()))
             self.metrics.scanned.inc(len(listed))
             self._scan_apply(bucket, listed, prev_last, last, cutoff, initial, counts)
             prev_last = last
         self._scan_apply(bucket, {}, prev_last, None, cutoff, initial, counts)
+        return counts, True
+
+    def _scan_finish(self, bucket: str, initial: bool, counts: dict, t0: float) -> dict:
+        """After a complete listing: retried tags and compaction (reconcile), or the held
+        events and the switch to ready (first scan)."""
         if not initial:
             counts["tags_retried"] = self._retry_failed_tags(bucket)
             counts["purged"] = self.compact(bucket)
@@ -155,7 +224,7 @@ class Scanner:
             unknown = [k for k, (seq, *_rest) in listed.items()
                        if (lambda rec: rec is None or r.seq_of(rec) < seq)(get(bucket, k))]
             if unknown:
-                props = self._fetch_props(bucket, unknown)
+                props = self._fetch_props(bucket, unknown, listed)
         with self.lock:
             work = {}
             present = {}
@@ -225,7 +294,6 @@ class Scanner:
 
     def _rematch_objects(self, bucket: str) -> None:
         after = None
-        needs = bucket in self.tag_buckets
         while not self._stop.is_set():
             with self.lock:
                 work = {}
@@ -235,7 +303,7 @@ class Scanner:
                     after = key
                     if not r.is_settled(rec):
                         continue
-                    work[(bucket, key)] = [rec, r.to_match_again(rec, needs)]
+                    work[(bucket, key)] = [rec, r.to_match_again(rec)]
                     if n >= CHUNK:
                         break
                 self._finalize(work)

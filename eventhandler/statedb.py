@@ -142,6 +142,21 @@ class Store:
         return sorted((r.unpack_view(v) for _, v in self.db.iterator(prefix=r.VIEW_PREFIX)),
                       key=lambda d: d["slot"])
 
+    def load_freeing(self) -> dict[int, str]:
+        """{slot: bucket} of forgotten views whose bits are still being cleared."""
+        return {r.freeing_slot(k): r.unpackb(v) for k, v in self.db.iterator(prefix=r.FREEING_PREFIX)}
+
+    def view_log(self, after: int = 0) -> list[dict]:
+        """The registration log's entries after counter ``after``, oldest first."""
+        with self.db.iterator(start=r.k_view_log(after + 1), stop=_prefix_end(r.VIEW_LOG_PREFIX)) as it:
+            return [r.unpackb(v) for _k, v in it]
+
+    def last_view_log(self) -> int:
+        """The counter of the newest registration log entry (0 if none)."""
+        with self.db.iterator(prefix=r.VIEW_LOG_PREFIX, reverse=True, include_value=False) as it:
+            k = next(it, None)
+        return 0 if k is None else r.version_at(k, 1)
+
     def load_buckets(self) -> dict[str, dict]:
         return {r.bucket_of_key(k): r.unpack_bucket(v) for k, v in self.db.iterator(prefix=r.BUCKET_PREFIX)}
 

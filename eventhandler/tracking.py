@@ -42,16 +42,24 @@ class BucketState:
 
 
 class ViewInfo:
-    __slots__ = ("id", "slot", "spec", "view", "bucket", "names", "floor", "ready", "created")
+    """A registered view. ``principals``: who registered it, when last ({name: epoch});
+    ``used``: when a mount last registered, listed, polled or renewed a proof for it (set
+    without the lock: a float assignment); ``saved_used``: the ``used`` in its record."""
 
-    def __init__(self, vid, slot, spec, view, names, floor, ready, created):
+    __slots__ = ("id", "slot", "spec", "view", "bucket", "names", "floor", "ready", "created",
+                 "principals", "used", "saved_used")
+
+    def __init__(self, vid, slot, spec, view, names, floor, ready, created, principals=None, used=None):
         self.id, self.slot, self.spec, self.view = vid, slot, spec, view
         self.bucket = view.bucket
         self.names, self.floor, self.ready, self.created = names, floor, ready, created
+        self.principals: dict[str, float] = principals or {}
+        self.used = self.saved_used = created if used is None else used
 
     def record(self) -> bytes:
+        self.saved_used = self.used
         return records.pack_view(self.id, self.slot, self.spec, self.names, self.floor, self.ready,
-                                 self.created)
+                                 self.created, self.principals, self.used)
 
 
 def bucket_base_version() -> int:

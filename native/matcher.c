@@ -483,23 +483,26 @@ static void consider_flips(const dfs_time_rule *r, double base, double now, int 
 }
 
 /* The age rule of a block can change the view's answer unless the block is false whatever the ages. */
-static void consider_block_flips(const dfs_block *b, const dfs_object *obj, double now, int *found, double *when)
+static void consider_block_flips(const dfs_block *b, const dfs_object *obj, double now, int unknown,
+                                 int *found, double *when)
 {
-    if (b->modified.kind == DFS_TIME_AGE && block_value(b, obj, now, AGES_UNKNOWN) != NO)
+    if (b->modified.kind == DFS_TIME_AGE && block_value(b, obj, now, unknown) != NO)
         consider_flips(&b->modified, obj->mtime, now, found, when);
 }
 
 int dfs_group_next_flip(const dfs_group *g, const dfs_view *views, const dfs_object *obj,
-                        double now, size_t *scratch, double *when)
+                        double now, int tags_unknown, size_t *scratch, double *when)
 {
     size_t n = candidates(g, obj, scratch);
-    int found = 0;
+    int found = 0, unknown = AGES_UNKNOWN | (tags_unknown ? TAGS_UNKNOWN : 0);
     for (size_t i = 0; i < n; i++) {
         const dfs_view *v = &views[scratch[i]];
-        if (!v->time_dependent || view_value(v, obj, now, AGES_UNKNOWN) != MAYBE) continue;
+        if (!v->time_dependent || view_value(v, obj, now, unknown) != MAYBE) continue;
         consider_flips(&v->rules.modified, obj->mtime, now, &found, when);
-        for (size_t k = 0; k < v->n_any_of; k++) consider_block_flips(&v->any_of[k], obj, now, &found, when);
-        for (size_t k = 0; k < v->n_none_of; k++) consider_block_flips(&v->none_of[k], obj, now, &found, when);
+        for (size_t k = 0; k < v->n_any_of; k++)
+            consider_block_flips(&v->any_of[k], obj, now, unknown, &found, when);
+        for (size_t k = 0; k < v->n_none_of; k++)
+            consider_block_flips(&v->none_of[k], obj, now, unknown, &found, when);
     }
     return found;
 }

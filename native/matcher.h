@@ -131,8 +131,10 @@ int dfs_group_tags_could_matter(const dfs_group *group, const dfs_view *views, c
                                 double now, size_t *scratch);
 /* Earliest time > now at which a relative-age rule of a view whose answer depends on its
  * ages changes (rules of blocks that are false whatever the ages aside); returns 0 when
- * there is none, else 1 and *when. `scratch` has dfs_group_size() room. */
+ * there is none, else 1 and *when. With `tags_unknown` (obj has no tags), views and blocks
+ * that may hold whatever the tags count too: at that time the tags may start to matter.
+ * `scratch` has dfs_group_size() room. */
 int dfs_group_next_flip(const dfs_group *group, const dfs_view *views, const dfs_object *obj,
-                        double now, size_t *scratch, double *when);
+                        double now, int tags_unknown, size_t *scratch, double *when);
 
 #endif

@@ -648,12 +648,17 @@ static PyObject *Matcher_next_flip(MatcherObject *self, PyObject *args)
     double now, when = 0.0;
     int found = 0;
     batch b;
-    if (!PyArg_ParseTuple(args, "OO:next_flip", &obj, &now_arg) || now_of(now_arg, &now) < 0) return NULL;
-    if (batch_convert(self, &b, &obj, 1, ASK_MATCH) < 0) { batch_free(&b); return NULL; }
+    int tags_unknown = 0;
+    if (!PyArg_ParseTuple(args, "OO|p:next_flip", &obj, &now_arg, &tags_unknown) || now_of(now_arg, &now) < 0)
+        return NULL;
+    if (batch_convert(self, &b, &obj, 1, tags_unknown ? ASK_PARTIAL : ASK_MATCH) < 0) {
+        batch_free(&b);
+        return NULL;
+    }
     if (b.groups[0]) {
         size_t *scratch = PyMem_Malloc((self->max_group ? self->max_group : 1) * sizeof *scratch);
         if (!scratch) { batch_free(&b); return PyErr_NoMemory(); }
-        found = dfs_group_next_flip(b.groups[0], self->views, &b.objects[0], now, scratch, &when);
+        found = dfs_group_next_flip(b.groups[0], self->views, &b.objects[0], now, tags_unknown, scratch, &when);
         PyMem_Free(scratch);
     }
     batch_free(&b);
@@ -673,7 +678,8 @@ static PyMethodDef Matcher_methods[] = {
      "tags_could_matter_batch(objs, now) -> list[bool]: per object, whether some view's answer may "
      "depend on its tags (its tags are ignored)."},
     {"next_flip", (PyCFunction)Matcher_next_flip, METH_VARARGS,
-     "next_flip(obj, now) -> float | None: earliest time > now at which time alone can change match."},
+     "next_flip(obj, now, tags_unknown=False) -> float | None: earliest time > now at which time alone "
+     "can change match (with tags_unknown, obj's tags are ignored and may be anything)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -66,7 +66,8 @@ def describe(view: View) -> str:
     for what, blocks in (("any of", view.any_of), ("none of", view.none_of)):
         if blocks:
             rules.append(f"{what} " + " | ".join(f"({', '.join(_describe_rules(b))})" for b in blocks))
-    options = [view.layout, f"root '{view.root}'", f"ttl {view.ttl:g}s",
+    layout = view.layout if view.layout_by is None else "by " + ", ".join(view.layout_by)
+    options = [layout, f"root '{view.root}'", f"ttl {view.ttl:g}s",
                "writable" if view.writable else "read-only"]
     if view.set:
         options.append("set " + ", ".join(f"{k}={v}" for k, v in view.set.items()))

@@ -18,7 +18,7 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from . import expressions
 from .globs import literal_prefix
 from .model import (ACCESSED_REFUSED, BLOCK_KEYS, DEFAULT_TTL, PROPERTY_RULES, RuleBlock, View,
-                    canonical_value, check_glob, default_root, default_set, value_accepts)
+                    canonical_value, check_glob, check_property_name, default_root, default_set, value_accepts)
 
 FILTER_RULES = ("bucket",) + BLOCK_KEYS + ("any", "not")
 OPTIONS = ("layout", "root", "set", "ttl", "writable")
@@ -343,10 +343,7 @@ class _Parser:
 
     def options(self, rules: dict[str, Node], fields: dict, spelling: dict[str, str]) -> None:
         if "layout" in rules:
-            layout = self.scalar(rules["layout"], "`layout`")
-            if layout is not None and layout not in LAYOUTS:
-                self.problem(rules["layout"], f"unknown layout {layout!r}; allowed: tree, flat")
-            fields["layout"] = layout
+            self.layout(rules["layout"], fields)
         object_glob = fields.get("object")
         fields["root"] = default_root(object_glob)
         if "root" in rules:
@@ -378,6 +375,54 @@ class _Parser:
                 self.problem(node, f"`writable` must be true or false, found {_kind(node)}")
             else:
                 fields["writable"] = node.value.lower() == "true"
+
+    def layout(self, node: Node, fields: dict) -> None:
+        """`layout: tree`, `layout: flat`, or `layout: {by: [property, ...]}` (one directory
+        level per property, files named as in flat)."""
+        allowed = "allowed: tree, flat, or {by: [property, ...]}"
+        if isinstance(node, MappingNode):
+            options = self.rule_nodes(node, ("by",), "`layout`")
+            if "by" not in options:
+                if len(node.value) == 0:
+                    self.problem(node, f"`layout` is an empty mapping; {allowed}")
+                return
+            fields["layout"] = "flat"
+            fields["layout_by"] = self.layout_by(options["by"])
+            return
+        if not isinstance(node, ScalarNode) or node.tag == _NULL:
+            self.problem(node, f"`layout` must be tree, flat or a mapping with `by`, found {_kind(node)}")
+            return
+        layout = _text(node)
+        if layout not in LAYOUTS:
+            self.problem(node, f"unknown layout {layout!r}; {allowed}")
+        fields["layout"] = layout
+
+    def layout_by(self, node: Node) -> tuple[str, ...]:
+        """The property names of `layout: {by: ...}`, lowercased (a name or a list of names)."""
+        example = "like `layout: {by: [sample, lane]}`"
+        items = node.value if isinstance(node, SequenceNode) else [node]
+        if isinstance(node, SequenceNode) and not items:
+            self.problem(node, f"`by` in `layout` has an empty list; name at least one property, {example}")
+        names: list[str] = []
+        first_seen: dict[str, Node] = {}
+        for item in items:
+            name = self.scalar(item, f"each property of `by` in `layout` ({example})")
+            if name is None:
+                continue
+            try:
+                check_property_name(name)
+            except ValueError as exc:
+                self.problem(item, f"`by` in `layout`: {exc}")
+                continue
+            key = name.lower()
+            if key in first_seen:
+                self.problem(item, f"property {name!r} appears twice in `by` of `layout` (first at "
+                                   f"line {first_seen[key].start_mark.line + 1}; names are compared "
+                                   "case-insensitively): each gives one directory level")
+                continue
+            first_seen[key] = item
+            names.append(key)
+        return tuple(names)
 
     def set_option(self, node: Node, accepting: dict[str, dict[str, tuple[str | None, ...]]]) -> dict[str, str]:
         """The `set` option; every value must satisfy the view's own `properties` and `tags`

@@ -75,10 +75,15 @@ class Matcher:
         self._native = _native.Matcher([_view_spec(view) for view in self.views])
         self.property_keys = frozenset(key for view in self.views for block in view.blocks
                                        for _, key, _ in block.property_rules())
+        # views whose listings carry property values (layout_by): their members' tags and
+        # metadata must be known, whatever their rules read
+        self.listing_properties = {i: view.layout_by for i, view in enumerate(self.views)
+                                   if view.lists_properties}
         # answers per bucket name are cached: the handler asks for every event
         self.names_bucket = lru_cache(maxsize=4096)(self._names_bucket)
         self.needs_tags = lru_cache(maxsize=4096)(self._needs_tags)
         self.needs_metadata = lru_cache(maxsize=4096)(self._needs_metadata)
+        self.lists_properties = lru_cache(maxsize=4096)(self._lists_properties)
 
     def match(self, obj: ObjectInfo, now: float | None = None) -> list[int]:
         """Indices of the views `obj` matches, ascending."""
@@ -110,10 +115,13 @@ class Matcher:
         than match_partial_batch (no lists, stops at the first undecided view)."""
         return self._native.tags_could_matter_batch(objs, time.time() if now is None else now)
 
-    def next_flip(self, obj: ObjectInfo, now: float | None = None) -> float | None:
+    def next_flip(self, obj: ObjectInfo, now: float | None = None, tags_unknown: bool = False
+                  ) -> float | None:
         """Earliest epoch time > now at which match(obj) can change by time alone (relative
-        `modified` rules), or None. At that time match() gives the new answer."""
-        return self._native.next_flip(obj, time.time() if now is None else now)
+        `modified` rules), or None. At that time match() gives the new answer. With
+        ``tags_unknown`` (``obj.tags`` is ignored) it is the earliest time at which
+        match_partial(obj) can change: when tags may start (or stop) to matter."""
+        return self._native.next_flip(obj, time.time() if now is None else now, tags_unknown)
 
     def _views_on(self, bucket: str):
         return (view for view in self.views if glob_match(view.bucket, bucket))
@@ -124,8 +132,28 @@ class Matcher:
 
     def _needs_tags(self, bucket: str) -> bool:
         """True when tags can change an answer for `bucket`: some view on it has a rule
-        that reads tags (`properties` or `tags`, anywhere in the view)."""
-        return any(view.reads_tags for view in self._views_on(bucket))
+        that reads tags (`properties` or `tags`, anywhere in the view), or lists property
+        values (`layout_by`: the tags of its members are part of its answer)."""
+        return any(view.reads_tags or view.lists_properties for view in self._views_on(bucket))
+
+    def _lists_properties(self, bucket: str) -> bool:
+        """True when some view on `bucket` lists property values (`layout_by`): its members
+        need their tags and metadata known (``in_property_listing`` says which objects)."""
+        return any(view.lists_properties for view in self._views_on(bucket))
+
+    def in_property_listing(self, obj: ObjectInfo, now: float | None = None) -> bool:
+        """True when `obj`, its tags unknown, is or may be in a view that lists property
+        values: its tags and metadata must be known before it is listed there."""
+        if not self.listing_properties:
+            return False
+        definite, undecided = self.match_partial(obj, now)
+        listing = self.listing_properties
+        return any(i in listing for i in definite) or any(i in listing for i in undecided)
+
+    def listed_property_names(self, indices) -> tuple[str, ...]:
+        """The property names the views ``indices`` list (sorted, each once; () for none)."""
+        listing = self.listing_properties
+        return tuple(sorted({name for i in indices if i in listing for name in listing[i]}))
 
     def _needs_metadata(self, bucket: str) -> bool:
         """True when user metadata can change an answer for `bucket` (`properties` or

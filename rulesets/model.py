@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
 DEFAULT_TTL = 2.0
 
-# The rules that select objects; everything else in a view is an option of the mount.
+# The rules that select objects; everything else in a view is an option of the mount, but
+# for `layout_by`: the handler's listings of such a view carry those property values.
 # `accessed` is never set: it stays in specs as null so that the ids of views registered
 # before it was refused stay the same.
 FILTER_KEYS = ("bucket", "object", "size", "modified", "accessed", "properties", "tags", "metadata",
-               "any", "not")
+               "any", "not", "layout_by")
 # The rules of a block of `any`/`not` (and of a view's top level, besides `bucket`).
 BLOCK_KEYS = ("object", "size", "modified", "properties", "tags", "metadata")
 # Where each property rule looks for a key: S3 tags, user metadata (x-amz-meta-*), or either.
@@ -142,6 +144,11 @@ class View:
     belongs to the view when these top-level rules hold, at least one block of ``any_of``
     holds (when there are any) and no block of ``none_of`` holds. ``set`` keeps the keys'
     spelling from the file.
+
+    ``layout`` is how file names are made: "tree" or "flat". ``layout_by`` (lowercased
+    property names, from ``layout: {by: [...]}``) adds one directory level per property
+    above the files, which are then named as in "flat" (``layout`` is "flat"); None
+    without such levels.
     """
 
     name: str
@@ -155,6 +162,7 @@ class View:
     any_of: tuple[RuleBlock, ...] = ()
     none_of: tuple[RuleBlock, ...] = ()
     layout: str = "tree"
+    layout_by: tuple[str, ...] | None = None
     root: str = ""
     set: dict[str, str] = field(default_factory=dict)
     ttl: float = DEFAULT_TTL
@@ -188,6 +196,12 @@ class View:
         """True when some rule can read user metadata (`properties` or `metadata`)."""
         return any(block.reads_metadata for block in self.blocks)
 
+    @property
+    def lists_properties(self) -> bool:
+        """True when the handler's listings of the view carry the values of its ``layout_by``
+        properties (so it needs the tags and metadata of its members)."""
+        return bool(self.layout_by)
+
     def filter_spec(self) -> dict:
         """The filter rules only, canonical and JSON-serialisable (see view_id). The keys of
         the first version are always there and the newer ones only when set, so that views
@@ -209,6 +223,8 @@ class View:
                 # blocks are a set, like accepted values
                 texts = sorted({json.dumps(block.spec(), sort_keys=True, ensure_ascii=False) for block in blocks})
                 spec[name] = [json.loads(text) for text in texts]
+        if self.layout_by:  # a set to the handler (the mount keeps the order of its levels)
+            spec["layout_by"] = sorted({name.lower() for name in self.layout_by})
         return spec
 
     @classmethod
@@ -235,6 +251,7 @@ class View:
                 raise ValueError(f"`{key}` must be a non-empty list of rule blocks")
             blocks[key] = tuple(RuleBlock.from_spec(block, f"a block of `{key}`") for block in value)
         obj = _object_of(spec.get("object"))
+        layout_by = _layout_by_of(spec.get("layout_by"))
         return cls(
             name=name,
             bucket=bucket,
@@ -245,8 +262,23 @@ class View:
             none_of=blocks["not"],
             root=default_root(obj),
             set=default_set(rules["properties"], tags=rules["tags"]),
+            layout="flat" if layout_by else "tree",
+            layout_by=layout_by,
             **rules,
         )
+
+
+def _layout_by_of(names) -> tuple[str, ...] | None:
+    if names is None:
+        return None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError("`layout_by` must be a non-empty list of property names")
+    for name in names:
+        check_property_name(name)
+    lowered = tuple(sorted({name.lower() for name in names}))
+    if len(lowered) != len(names):
+        raise ValueError("`layout_by` names a property twice")
+    return lowered
 
 
 def _refuse_accessed(spec: dict, what: str) -> None:
@@ -304,6 +336,20 @@ def _property_rules_of(spec, what: str) -> PropertyRules:
         except ValueError as exc:
             raise ValueError(f"`{what}` {key!r}: {exc}") from None
     return rules
+
+
+# The characters S3 allows in a tag key; a property is read from a tag or user metadata of
+# its name, so a name must at least be a possible tag key.
+_PROPERTY_NAME = re.compile(r"[\w +\-=.:/@]{1,128}")
+
+
+def check_property_name(name: str) -> None:
+    """ValueError when `name` cannot be the name of a property (an S3 tag key)."""
+    if not _PROPERTY_NAME.fullmatch(name) or not name.strip():
+        raise ValueError(f"{name!r} is not a property name; allowed: 1-128 letters, digits, "
+                         "spaces and + - = . _ : / @ (what S3 allows in a tag key)")
+    if name.lower().startswith("aws:"):
+        raise ValueError(f"{name!r} is not a property name: the prefix 'aws:' is reserved by S3")
 
 
 def canonical_value(text: str) -> str:

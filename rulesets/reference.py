@@ -160,16 +160,18 @@ def first_time_age_reaches(base: float, bound: float, strict: bool) -> float:
     return t
 
 
-def next_flip(views: list[View], obj: ObjectInfo, now: float) -> float | None:
+def next_flip(views: list[View], obj: ObjectInfo, now: float, tags_unknown: bool = False) -> float | None:
     """The earliest time > now at which a relative-age rule changes its answer, among the
     views whose answer depends on their ages and the rules of blocks that are not false
-    whatever the ages; None when time alone changes nothing."""
+    whatever the ages; None when time alone changes nothing. With ``tags_unknown``
+    (obj.tags is ignored), what may hold whatever the tags counts as well."""
     earliest = None
     for view in views:
-        if not view.is_time_dependent or view_holds(view, obj, now, ages_unknown=True) is not None:
+        if not view.is_time_dependent or \
+                view_holds(view, obj, now, tags_unknown, ages_unknown=True) is not None:
             continue
         blocks = [view.rules] + [block for block in view.any_of + view.none_of
-                                 if block_holds(block, obj, now, ages_unknown=True) is not False]
+                                 if block_holds(block, obj, now, tags_unknown, ages_unknown=True) is not False]
         for block in blocks:
             rule = block.modified
             if rule is None or not rule.is_relative:

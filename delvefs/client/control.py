@@ -4,9 +4,10 @@ running mount.
 Each mount daemon listens on a unix socket beside its run file
 (``~/.cache/delvefs/run/<key>.sock``, the key being a hash of the mount point; when that
 path is too long for a socket address, ``/tmp/delvefs-<uid>/<key>.sock``). The
-directory is the user's own, and the server also checks the peer's credentials
-(``SO_PEERCRED``): only the mount's own user and root may send operations — the mount
-point itself may be shared with ``allow_other``, its control is not.
+directory must be the user's own and writable by no one else; the socket is 0600, and the
+server checks the peer's credentials (``SO_PEERCRED``): only the mount's own user and root
+may send operations — the mount point itself may be shared with ``allow_other``, its
+control is not.
 
 Protocol: one JSON object per connection and direction, each a single line.
 Request ``{"op": NAME, "args": {...}}``; reply ``{"ok": true, "result": {...}}`` or
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import struct
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -44,11 +46,14 @@ def socket_path(mountpoint: str) -> Path:
     return Path(f"/tmp/delvefs-{os.getuid()}") / path.name
 
 
-def _private_dir(path: Path) -> None:
+def _own_dir(path: Path) -> None:
+    """Make ``path``, or accept it if this user owns it and no one else may write in it
+    (the /tmp fallback could otherwise be another user's trap)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ControlError(f"{path}: not a private directory of this user; refusing to use it")
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise ControlError(f"{path}: not a directory of this user that only it may write in; "
+                           "refusing to put the control socket there")
 
 
 Handler = Callable[[dict], Awaitable[dict]]
@@ -67,7 +72,7 @@ class ControlServer:
     async def serve(self, task_status=None) -> None:
         import trio
 
-        _private_dir(self.path.parent)
+        _own_dir(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

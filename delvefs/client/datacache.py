@@ -7,7 +7,8 @@
 * A download goes to a temporary file that is renamed onto the entry's path, so a reader
   sees either the old or the new version, never a mix. Open handles keep their own file
   descriptor: a replaced version stays readable through handles opened before.
-* Clean entries are evicted least-recently-used while the cached bytes exceed ``limit``;
+* Clean entries are evicted least-recently-used while the cached bytes exceed ``limit`` or
+  the cache's file system has less free space than its floor (``free_floor_*``);
   an entry that is open (``opens > 0``), dirty (write side) or being fetched never is.
 * One fetch per object at a time: concurrent fetches wait for the running one.
 * Large objects (>= ``stream_threshold``) stream: once a nursery is attached, ``fetch``
@@ -36,9 +37,11 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -178,6 +181,11 @@ class DataCache:
         self.nursery: trio.Nursery | None = None  # attach one to stream large objects
         self._busy: dict[tuple[str, str], trio.Event] = {}
         self._seq = itertools.count()
+        # journal records of uploaded files, removed by a worker thread (``run_removals``)
+        self._doomed: set[str] = set()
+        self._doomed_lock = threading.Lock()
+        self._doomed_kick: trio.Event | None = None  # set while ``run_removals`` runs
+        self._removing = False
         self.downloads = 0  # statistics, for tests and logs
         self.streaming = 0  # streaming downloads running now
         self.heads = 0
@@ -204,7 +212,9 @@ class DataCache:
         if entry is not None and entry.download is not None and entry.download.error is None:
             self.hold(entry)  # join the running download of the current version
             return entry, None
-        if entry is not None and entry.etag is not None and (entry.dirty or now - entry.validated < ttl):
+        # within ttl a copy is trusted — unless the listing names another version than it
+        if entry is not None and entry.etag is not None and (
+                entry.dirty or (now - entry.validated < ttl and (not etag or etag == entry.etag))):
             self.hold(entry)
             return entry, None
         ev = self._busy[k] = trio.Event()
@@ -367,9 +377,13 @@ class DataCache:
         return records
 
     def write_record(self, record: dict) -> None:
-        """Put a dirty file's journal record on disk (tmp + rename). Raises StoreError."""
+        """Put a dirty file's journal record on disk (tmp + rename: never half a record; not
+        fsync'd: it outlives the process, not a kernel crash). Raises StoreError."""
         final = self.journal / (record["file"] + ".json")
-        tmp = self.journal / (record["file"] + ".json.tmp")
+        if self._doomed:  # (only the loop adds to it) written again before its removal
+            with self._doomed_lock:
+                self._doomed.discard(final.name)
+        tmp = self.journal / f"{record['file']}.json.{next(self._seq)}.tmp"
         try:
             with open(tmp, "w") as f:
                 json.dump(record, f)
@@ -379,7 +393,44 @@ class DataCache:
             raise cache_file_error(exc, f"journal of {record['bucket']}/{record['key']}") from exc
 
     def remove_record(self, record: dict) -> None:
-        _unlink(str(self.journal / (record["file"] + ".json")))
+        """Drop a record: at once, or (``run_removals`` running) soon, by a worker thread."""
+        name = record["file"] + ".json"
+        if self._doomed_kick is None:
+            _unlink(str(self.journal / name))
+            return
+        with self._doomed_lock:
+            self._doomed.add(name)
+        self._doomed_kick.set()
+
+    def remove_doomed(self) -> None:
+        """Blocking: unlink the records ``remove_record`` left to the background. One at a
+        time under the lock: a record written again meanwhile (``write_record``) is spared."""
+        while True:
+            with self._doomed_lock:
+                if not self._doomed:
+                    return
+                _unlink(str(self.journal / self._doomed.pop()))
+
+    def removals_pending(self) -> bool:
+        return bool(self._doomed) or self._removing
+
+    async def run_removals(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background: remove the records of uploaded files in a worker thread, in batches
+        (whatever gathered while the last batch ran); the rest inline when it ends."""
+        self._doomed_kick = trio.Event()
+        task_status.started()
+        try:
+            while True:
+                await self._doomed_kick.wait()
+                self._doomed_kick = trio.Event()
+                self._removing = True
+                try:
+                    await trio.to_thread.run_sync(self.remove_doomed)
+                finally:
+                    self._removing = False
+        finally:
+            self._doomed_kick = None
+            self.remove_doomed()
 
     def own_file(self, bucket: str, key: str, *, empty: bool, held: int = 0) -> CacheEntry:
         """A new entry of ``bucket/key`` in place of the cached one, with a file of its own
@@ -440,15 +491,58 @@ class DataCache:
         old = self.entries.get((bucket, key))
         if old is not None and old is not entry:
             self.drop(old)
+        if entry.download is None and entry.path == self._path(entry.bucket, entry.key):
+            # a downloaded file is named by its key: it moves with it, else the old key's
+            # next download would land on it
+            path = self._path(bucket, key)
+            try:
+                os.rename(entry.path, path)
+                entry.path = path
+            except OSError as exc:
+                log.warning("cache file of %s/%s: %s", bucket, key, exc)
+                self.bytes -= entry.size
+                entry.etag = None  # unusable: downloaded again when read
         entry.bucket, entry.key = bucket, key
         self.entries[(bucket, key)] = entry
 
+    # the free-space floor: whatever ``limit`` says, clean entries go while the cache's file
+    # system has less free than the smaller of these (``limit`` None: the only bound)
+    free_floor_bytes = 1 << 30
+    free_floor_ratio = 0.05
+
+    # statvfs at most this often (seconds), plus whenever the cache grew by a tenth of the
+    # free space seen last: many small files are cached and written one after another
+    free_check_interval = 0.5
+    _free_checked = (-math.inf, 0, 0)  # (monotonic time, bytes cached then, shortfall then)
+    _free_seen = 0
+
+    def _space_shortfall(self) -> int:
+        """Bytes missing to the free-space floor of the cache's file system (0: none)."""
+        at, cached, shortfall = self._free_checked
+        now = time.monotonic()
+        if now - at < self.free_check_interval and self.bytes - cached < self._free_seen // 10:
+            return shortfall
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return 0
+        floor = min(self.free_floor_bytes, int(st.f_blocks * st.f_frsize * self.free_floor_ratio))
+        self._free_seen = st.f_bavail * st.f_frsize
+        shortfall = max(0, floor - self._free_seen)
+        self._free_checked = (now, self.bytes, shortfall)
+        return shortfall
+
     def evict(self) -> None:
-        """Drop least-recently-used clean, closed entries until within ``limit``."""
-        if self.limit is None or self.bytes <= self.limit:
+        """Drop least-recently-used clean, closed entries until within ``limit`` and the
+        free-space floor."""
+        limit = self.limit
+        shortfall = self._space_shortfall()
+        if shortfall:
+            limit = max(0, min(self.bytes if limit is None else limit, self.bytes - shortfall))
+        if limit is None or self.bytes <= limit:
             return
         for k, entry in list(self.entries.items()):
-            if self.bytes <= self.limit:
+            if self.bytes <= limit:
                 break
             if entry.opens or entry.dirty or entry.download is not None or k in self._busy:
                 continue
@@ -461,3 +555,83 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+# ------------------------------------------------------------ cache directories of mounts
+
+LOCK = "lock"
+OWNER = "owner.json"
+
+
+def claim(directory: str | os.PathLike, views_file: str | None) -> int:
+    """Take the cache directory for this mount: an exclusive ``flock`` on ``<dir>/lock``,
+    held (by the returned descriptor) for the mount's life and dropped by the kernel however
+    the process ends; and ``owner.json`` naming the views file and user, by which a later
+    mount finds the directory's journal if it was left behind (``adopt_orphans``). Raises
+    BlockingIOError when a live mount holds it."""
+    import fcntl
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    if views_file is not None:
+        tmp = d / (OWNER + ".tmp")
+        tmp.write_text(json.dumps({"views": os.path.realpath(views_file), "uid": os.getuid()}))
+        os.replace(tmp, d / OWNER)
+    return fd
+
+
+def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
+                  views_file: str | None) -> list[str]:
+    """Move the journal (records and their data files) of every cache directory under
+    ``others`` that an earlier mount of the same views file by the same user left behind
+    and no live mount holds (its lock is free) into ``directory``, before its DataCache
+    starts: dirty files survive a remount at another mount point. Returns the directories
+    adopted from."""
+    import fcntl
+    here = Path(directory).resolve()
+    if views_file is None or not Path(others).is_dir():
+        return []
+    want = {"views": os.path.realpath(views_file), "uid": os.getuid()}
+    adopted = []
+    for d in sorted(Path(others).iterdir()):
+        journal = d / "journal"
+        try:
+            if d.resolve() == here or not journal.is_dir() or not any(journal.iterdir()):
+                continue
+            if json.loads((d / OWNER).read_text()) != want:
+                continue
+            fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except (OSError, ValueError):
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live mount: its journal is its own
+            (here / "journal").mkdir(parents=True, exist_ok=True)
+            (here / "data").mkdir(parents=True, exist_ok=True)
+            moved = 0
+            for p in sorted(journal.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+                if not p.name.endswith(".json"):
+                    continue
+                try:
+                    r = json.loads(p.read_text())
+                    data = d / "data" / r["file"]
+                    if data.is_file():  # data first: a record is never without its file
+                        os.rename(data, here / "data" / r["file"])
+                    os.rename(p, here / "journal" / p.name)
+                    moved += 1
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("journal record %s of %s not taken over: %s", p.name, d, exc)
+            if moved:
+                log.info("took over %d dirty files from the journal of %s (an earlier mount of "
+                         "%s)", moved, d, want["views"])
+                adopted.append(str(d))
+        finally:
+            os.close(fd)
+    return adopted

@@ -28,11 +28,20 @@ from .fs.core import FileSystem
 log = logging.getLogger(__name__)
 
 
+# `delvefs mount --debug` (log level debug): one log line per FUSE request; set by ``mount``
+trace_requests = False
+
+
 def _guard(fn):
     """Map FsError to its errno, an OSError (cache file I/O) to its own, and anything
     unexpected to EIO with a log line."""
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self, *args):
+        if trace_requests:
+            # write data is not logged, only its length
+            log.debug("%s%r", name, args if name != "write" else (args[0], args[1], len(args[2])))
         try:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
@@ -222,6 +231,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def getxattr(self, inode, name, ctx):
+        if name == b"security.capability":  # asked before every write: answered here, at once
+            raise pyfuse3.FUSEError(errno.ENODATA)
         return await self.core.getxattr(inode, os.fsdecode(name))
 
     @_guard
@@ -252,14 +263,17 @@ class Adapter(pyfuse3.Operations):
 def fuse_options(fsname: str = "delvefs") -> set[str]:
     # Not pyfuse3's default "default_permissions": with it the kernel re-reads the
     # directory's attributes (a GETATTR round trip) before every create and unlink after
-    # the previous one changed the directory. The mount is the mounting user's alone (no
-    # allow_other) and the core refuses writes where they are not allowed (EROFS, EACCES);
-    # the kernel asks ``access`` for access(2) and chdir (docs/SEMANTICS.md, "Permissions").
+    # the previous one changed the directory. By default the mount is the mounting user's
+    # alone (no allow_other) and the core refuses writes where they are not allowed (EROFS,
+    # EACCES); the kernel asks ``access`` for access(2) and chdir (docs/SEMANTICS.md,
+    # "Permissions"). allow_other brings default_permissions (delvefs.client.options).
     return {f"fsname={fsname}", "subtype=delvefs", "noatime"}
 
 
 def mount(adapter: Adapter, mountpoint: str, options: set[str]) -> None:
     """Mount (synchronously): afterwards the kernel queues requests until ``serve``."""
+    global trace_requests
+    trace_requests = log.isEnabledFor(logging.DEBUG)
     pyfuse3.init(adapter, mountpoint, options)
 
 

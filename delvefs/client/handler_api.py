@@ -133,10 +133,23 @@ def metrics_request() -> ApiRequest:
     return ApiRequest("GET", "/metrics", "metrics", headers={}, text=True)
 
 
+def status_request() -> ApiRequest:
+    """What the handler is doing, as far as this principal may see it: its event source
+    and lag, buckets (scan progress), views, dead letters (docs/API.md, ``GET /v1/status``)."""
+    return ApiRequest("GET", "/v1/status", "handler status")
+
+
 def register_request(client: str, views: list[dict], proof: dict[str, str]) -> ApiRequest:
     """``views``: [{"name", "spec"}]; ``proof``: {bucket: presigned ListObjectsV2 URL}."""
     return ApiRequest("POST", "/v1/views", "registering views",
                       body={"client": client, "views": views, "proof": proof}, answer_field="views")
+
+
+def unregister_request(view_id: str) -> ApiRequest:
+    """Drop this principal's registration of a view (the handler forgets a view with its
+    last registration); a view the handler does not hold for this principal answers None."""
+    return ApiRequest("DELETE", f"/v1/views/{view_id}", f"unregistering view {view_id}",
+                      absent_is_none=True)
 
 
 def proofs_request(proof: dict[str, str | list[str]]) -> ApiRequest:
@@ -340,6 +353,10 @@ class HandlerOperations:
         """``views``: [{"name", "spec"}] -> [{"name", "id", "version"}]."""
         return self._call(register_request(client, views, proof))
 
+    def unregister(self, view_id: str):
+        """``{"id", "forgotten"}``, or None when the handler holds no registration of it."""
+        return self._call(unregister_request(view_id))
+
     def prove(self, proof: dict[str, str | list[str]]):
         """Renew this principal's grants: -> [{"bucket", "prefix", "until"}]."""
         return self._call(proofs_request(proof))
@@ -363,6 +380,10 @@ class HandlerOperations:
     def metrics(self):
         """The Prometheus text."""
         return self._call(metrics_request())
+
+    def status(self):
+        """``GET /v1/status`` (see :func:`status_request`)."""
+        return self._call(status_request())
 
 
 class HandlerClient(HandlerOperations):

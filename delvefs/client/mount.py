@@ -2,9 +2,14 @@
 
 ``run_mount`` checks what it can at once (views file, mountpoint), then, unless
 ``--foreground``, re-executes itself with ``--foreground`` in a new session, logging to
-``<cache-dir>/mount.log``, and waits on a pipe for one line from the child: ``OK`` once
-the file system is mounted and answering, or ``ERR <message>``. Every failure ends with
-a one-line ``delvefs mount: ...`` error, exit status 1 and nothing left mounted.
+``<cache-dir>/mount.log`` (or ``--log-file``; rotated, delvefs.shared.logsetup), and waits
+on a pipe for one line from the child: ``OK`` once the file system is mounted and
+answering, or ``ERR <message>``. Every failure ends with a one-line ``delvefs mount: ...``
+error, exit status 1 and nothing left mounted. Settings come as flags or ``-o`` options
+(delvefs.client.options, applied by the CLI: the daemon gets them all as flags);
+``--read-only`` loads every views file with ``writable: false`` (``_load_views``, also on
+reload). Under systemd (``--foreground``, ``Type=notify``) the mount sends ``READY=1``
+once it answers and ``STOPPING=1`` when unmounting starts (delvefs.shared.sdnotify).
 
 ``serve`` wires the parts inside one AsyncExitStack and one nursery, in this order, and
 tears them down in reverse: handler client -> S3 store -> data cache -> core (views
@@ -54,6 +59,9 @@ from pathlib import Path
 log = logging.getLogger("delvefs.client.mount")
 
 READY_FD_ENV = "DELVEFS_READY_FD"
+LOG_CAPTURE_ENV = "DELVEFS_LOG_CAPTURE"  # set by _daemonize: stdout/stderr are the log file
+# the mount is read-only (--read-only, -o ro): every views file is loaded with writable false
+_read_only = False
 STATE_DIR = Path(os.environ.get("DELVEFS_STATE_HOME", Path.home() / ".cache" / "delvefs"))
 READY_TIMEOUT = float(os.environ.get("DELVEFS_MOUNT_TIMEOUT", "120"))
 REPORT = "unmount-report.txt"
@@ -71,17 +79,20 @@ class MountError(Exception):
 
 # ----------------------------------------------------------------- helpers
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+# as rclone and s3fs: a bare K/M/G/T is binary (10G = 10 GiB); KB/MB/GB/TB are decimal
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4,
           "tb": 1000**4, "tib": 1024**4}
 
 
 def parse_cache_size(text: str | None) -> int | None:
+    """``10G``/``10GiB`` -> 10*2^30, ``10GB`` -> 10*10^9, ``1000000`` -> bytes."""
     if text is None:
         return None
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise MountError(f"--cache-size {text!r}: expected a size such as 500MiB, 10GiB or 1000000")
+        raise MountError(f"--cache-size {text!r}: expected a size such as 500MiB, 10G (= 10GiB), "
+                         "10GB (= 10^10 bytes) or 1000000")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
@@ -131,6 +142,9 @@ def _load_views(path: str):
         raise MountError(f"cannot read views file {path}: {exc.strerror}") from None
     if not views:
         raise MountError(f"views file {path} defines no views")
+    if _read_only:  # one rule for writes: the views' own (EROFS, 0444/0555), at mount and reload
+        import dataclasses
+        views = [dataclasses.replace(v, writable=False) for v in views]
     return views
 
 
@@ -243,20 +257,28 @@ class Proofs:
 # ----------------------------------------------------------------- serve
 
 async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
-                handler_url: str, token: str | None, ready) -> None:
+                handler_url: str, token: str | None, ready, views_path: str | None = None,
+                mount_args=None) -> None:
     """Run a mount until it is unmounted or SIGTERM/SIGINT arrives. ``ready()`` is called
-    once the kernel mount exists and requests are being answered."""
+    once the kernel mount exists and requests are being answered. ``views_path``: the views
+    file, read again by `delvefs reload` and SIGHUP. ``mount_args``: the parsed arguments of
+    `delvefs mount` (after ``options.apply``): owner, modes, FUSE options."""
     import trio
 
     from ..shared import s3
-    from ..shared.config import S3Settings, copy_threshold, handler_principal, proof_lifetime
+    from ..shared.config import (S3Settings, copy_threshold, handler_principal, proof_lifetime,
+                                 upload_concurrency, upload_while_writing)
+    from ..shared import sdnotify
     from ..shared.quietgc import QuietGC
-    from . import fuse_adapter
+    from . import fuse_adapter, options
+    from . import datacache
     from .datacache import DataCache
     from .fs.core import FileSystem
     from .errors import StoreError
     from .s3async import S3Store
     from .control import ControlServer
+    from .reload import ViewsReloader
+    from .status import mount_status
     from .handler_api import HandlerClient, HandlerError, HandlerUnavailable
 
     settings = S3Settings.from_env()
@@ -291,11 +313,25 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
         stack.callback(store.close)
         endpoint = settings.endpoint_url or store.client.meta.endpoint_url
 
+        # the cache dir is this mount's alone (a lock file); journals that earlier mounts of
+        # this views file left in other cache dirs (another mount point) are taken over
+        try:
+            stack.callback(os.close, datacache.claim(cache_dir, views_path))
+        except BlockingIOError:
+            raise MountError(f"cache directory {cache_dir} is in use by another mount") from None
+        datacache.adopt_orphans(cache_dir, STATE_DIR / "mounts", views_path)
         cache = DataCache(cache_dir, cache_size)
         with contextlib.suppress(FileNotFoundError):
             (cache_dir / REPORT).unlink()
         notifier = fuse_adapter.Notifier()
-        core = FileSystem(views, handler, store, cache, notifier=notifier)
+        core = FileSystem(views, handler, store, cache, notifier=notifier,
+                          uid=getattr(mount_args, "uid", None), gid=getattr(mount_args, "gid", None),
+                          eager=bool(getattr(mount_args, "eager", False)),
+                          upload_concurrency=upload_concurrency())
+        core.stream_parts = upload_while_writing()
+        core.file_mode = getattr(mount_args, "file_mode", None)
+        core.dir_mode = getattr(mount_args, "dir_mode", None)
+        core.umask = getattr(mount_args, "umask", None) or 0
         stack.callback(core.close)
 
         errors: dict = {}
@@ -335,10 +371,15 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
         # operations of `delvefs sync/status/reload`, served once the file system is mounted
         control = ControlServer(mountpoint)
         control.handle("ping", functools.partial(_ping, mountpoint, cache_dir))
+        control.handle("sync", functools.partial(_sync, core))
+        control.handle("status", functools.partial(mount_status, core, mountpoint, cache_dir))
+        reloader = ViewsReloader(views_path, core, proof_keeper)  # `delvefs reload`, SIGHUP
+        control.handle("reload", reloader.control)
 
         adapter = fuse_adapter.Adapter(core)
         try:
-            fuse_adapter.mount(adapter, mountpoint, fuse_adapter.fuse_options())
+            fuse_adapter.mount(adapter, mountpoint,
+                               fuse_adapter.fuse_options() | options.fuse_options(mount_args))
         except RuntimeError as exc:
             raise MountError(f"cannot mount at {mountpoint}: {exc}") from None
         stack.callback(fuse_adapter.close, True)
@@ -363,14 +404,18 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             nursery.start_soon(notifier.run)
             nursery.start_soon(quiet_gc)
             await nursery.start(watch_signals)
+            await nursery.start(reloader.watch_hangups)
 
             async def serve_then_stop():
                 await fuse_adapter.serve()
+                sdnotify.stopping("uploading dirty files, then exiting")
                 # unmounted (or a signal): upload what is dirty before going away
                 failed, scratch = await core.shutdown()
                 lines = [f"not uploaded (kept in {cache_dir}, uploaded at the next mount "
                          f"of this cache dir): {f}" for f in failed]
                 lines += [f"scratch file left behind (never uploaded): {p}" for p in scratch]
+                lines += [f"conflict copy left behind (never uploaded): {c}"
+                          for c in core.conflict_copies()]
                 for line in lines:
                     log.warning("%s", line)
                 if lines:
@@ -383,10 +428,16 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             await trio.to_thread.run_sync(os.stat, mountpoint)
             nursery.start_soon(core.prefetch)
             ready()
+            sdnotify.ready(f"mounted {len(views)} views at {mountpoint}")
             nursery.start_soon(proof_keeper.keep_fresh, handler)
             if lazy:
                 nursery.start_soon(_warm, store, cache)
         log.info("unmounted %s", mountpoint)
+
+
+async def _sync(core, args: dict) -> dict:
+    """`delvefs sync`: everything queued reaches S3; the failures, one line each."""
+    return {"failed": await core.sync_all()}
 
 
 async def _ping(mountpoint: str, cache_dir: Path, args: dict) -> dict:
@@ -408,12 +459,11 @@ async def _warm(store, cache) -> None:
 
 # ----------------------------------------------------------------- commands
 
-def _setup_logging() -> None:
-    level = os.environ.get("DELVEFS_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("botocore").setLevel(logging.WARNING)
+def _setup_logging(args) -> None:
+    from ..shared import logsetup
+    # the daemon's stdout and stderr are its log file (_daemonize): they follow its rotation
+    logsetup.setup(getattr(args, "log_level", None), getattr(args, "log_file", None),
+                   debug=getattr(args, "debug", False), capture_std=bool(os.environ.pop(LOG_CAPTURE_ENV, "")))
 
 
 def _foreground(args, mountpoint: str, cache_dir: Path, cache_size) -> int:
@@ -441,8 +491,8 @@ def _foreground(args, mountpoint: str, cache_dir: Path, cache_size) -> int:
 
     try:
         views = _load_views(args.views)
-        trio.run(serve, views, mountpoint, cache_dir, cache_size, handler_url(args.handler),
-                 handler_token(), ready)
+        trio.run(functools.partial(serve, views_path=os.path.abspath(args.views), mount_args=args),
+                 views, mountpoint, cache_dir, cache_size, handler_url(args.handler), handler_token(), ready)
     except MountError as exc:
         tell(f"ERR {exc}")
         print(f"delvefs mount: {exc}", file=sys.stderr)
@@ -461,7 +511,11 @@ def _foreground(args, mountpoint: str, cache_dir: Path, cache_size) -> int:
 
 
 def run_mount(args) -> int:
+    global _read_only
+    from .options import OptionError, check_allow_other
+    _read_only = bool(getattr(args, "read_only", False))
     try:
+        check_allow_other(args)
         mountpoint = os.path.realpath(args.mountpoint)
         _check_mountpoint(mountpoint)
         # the daemon validates the views (and says what is wrong through the pipe): the
@@ -469,29 +523,36 @@ def run_mount(args) -> int:
         cache_size = parse_cache_size(args.cache_size)
         cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else default_cache_dir(mountpoint)
         cache_dir.mkdir(parents=True, exist_ok=True)
-    except MountError as exc:
+    except (MountError, OptionError) as exc:
         print(f"delvefs mount: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"delvefs mount: cache directory: {exc}", file=sys.stderr)
         return 1
-    if args.foreground:
-        _setup_logging()
+    if args.foreground or getattr(args, "debug", False):
+        _setup_logging(args)
         return _foreground(args, mountpoint, cache_dir, cache_size)
     return _daemonize(args, mountpoint, cache_dir)
 
 
 def _daemonize(args, mountpoint: str, cache_dir: Path) -> int:
-    log_path = cache_dir / "mount.log"
+    from .options import forward_flags
+    log_path = Path(os.path.abspath(args.log_file)) if getattr(args, "log_file", None) else cache_dir / "mount.log"
     cmd = [sys.executable, "-m", "delvefs", "mount", os.path.abspath(args.views), mountpoint,
            "--foreground", "--cache-dir", str(cache_dir)]
-    if args.cache_size:
-        cmd += ["--cache-size", str(args.cache_size)]
-    if args.handler:
-        cmd += ["--handler", args.handler]
+    # every setting, -o or flag, as a flag (the config file's variables are in the environment)
+    cmd += forward_flags(args, skip=("log_file",)) + ["--log-file", str(log_path)]
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(log_path, "ab")
+    except OSError as exc:
+        print(f"delvefs mount: log file {log_path}: {exc.strerror}", file=sys.stderr)
+        return 1
     r, w = os.pipe()
-    env = dict(os.environ, **{READY_FD_ENV: str(w)})
-    with open(log_path, "ab") as logf:
+    env = dict(os.environ, **{READY_FD_ENV: str(w), LOG_CAPTURE_ENV: "1"})
+    # a daemon is not the service systemd started (units run `mount --foreground`)
+    env.pop("NOTIFY_SOCKET", None)
+    with logf:
         proc = subprocess.Popen(cmd, env=env, pass_fds=(w,), stdin=subprocess.DEVNULL,
                                 stdout=logf, stderr=logf, start_new_session=True, cwd="/")
     os.close(w)
@@ -568,3 +629,18 @@ def run_umount(args) -> int:
             if line.startswith("not uploaded"):
                 status = 1
     return status
+
+
+def run_sync(args) -> int:
+    """`delvefs sync MOUNT`: wait until every upload and DELETE the mount has queued has
+    reached S3; each failure on stderr (``PATH: reason``) and exit status 1."""
+    from .control import ControlError, request
+    try:
+        answer = request(args.mountpoint, "sync", timeout=args.timeout)
+    except ControlError as exc:
+        print(f"delvefs sync: {exc}", file=sys.stderr)
+        return 1
+    failed = answer.get("failed") or []
+    for line in failed:
+        print(f"delvefs sync: not in S3: {line}", file=sys.stderr)
+    return 1 if failed else 0

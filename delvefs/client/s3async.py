@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ import time
 import trio
 
 from ..shared import s3
-from .errors import StoreError, store_error
+from .errors import Changed, StoreError, store_error
 
 log = logging.getLogger(__name__)
 
@@ -164,23 +165,85 @@ class S3Store:
             raise failed[0]
 
     async def upload(self, bucket: str, key: str, filename: str, *, size: int,
-                     tags: dict[str, str] | None, content_type: str | None) -> dict:
-        """Upload the whole file as ``bucket/key``: one PutObject below the part size,
-        s3transfer multipart (parallel parts) above. Returns ``{"etag", "size", "mtime"}``."""
+                     tags: dict[str, str] | None, content_type: str | None,
+                     base: str | None = None) -> dict:
+        """Upload the whole file as ``bucket/key``: one PutObject below the part size, a
+        multipart upload (``part_concurrency`` parts at a time) above. Conditional on
+        ``base``, the version the file was based on: its ETag (If-Match), "" (the object
+        must not exist: If-None-Match: *) or None (unconditional). A failed condition
+        raises :class:`Changed`. Returns ``{"etag", "size", "mtime"}``."""
         what = f"PUT {bucket}/{key}"
         started = time.monotonic()
         async with self._uploads:
             if size < self.part_size:
-                etag = await self._call(what, s3.put_file, LEAN, bucket, key, filename,
-                                        tags=tags, content_type=content_type)
+                try:
+                    etag = await self._conditional(what, base, self._call(
+                        what, s3.put_file, LEAN, bucket, key, filename, tags=tags,
+                        content_type=content_type, base=base))
+                except Changed:
+                    # a try whose answer was lost may have written it, and the next one found
+                    # its own object: that is no conflict (a PUT's ETag is its MD5)
+                    def md5() -> str:
+                        with open(filename, "rb") as f:
+                            return hashlib.md5(f.read()).hexdigest()
+                    etag = await self._landed(bucket, key, size, await trio.to_thread.run_sync(md5))
                 return {"etag": etag, "size": size, "mtime": None}
-            await self._call(what, s3.upload_file, MANAGER, bucket, key, filename,
-                             tags=tags, content_type=content_type)
-        info = await self.head(bucket, key)
+            mp = self.multipart(bucket, key, tags=tags, content_type=content_type)
+            try:
+                async with trio.open_nursery() as nursery:
+                    for number, start in enumerate(range(0, size, self.part_size), 1):
+                        await mp.send(nursery, number, filename, start,
+                                      min(self.part_size, size - start))
+                etag = await mp.complete(size, base)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await mp.abort()
+                raise
         took = time.monotonic() - started
         log.info("uploaded %s/%s: %d bytes in %.2f s (%.0f MiB/s)", bucket, key, size, took,
                  size / max(took, 1e-9) / 2**20)
-        return {"etag": info["etag"], "size": info["size"], "mtime": info["mtime"]}
+        return {"etag": etag, "size": size, "mtime": None}
+
+    async def _landed(self, bucket: str, key: str, size: int, etag: str) -> str:
+        """After a failed condition: ``etag`` when S3 holds exactly what was sent (an
+        earlier try of the same request succeeded), else the conflict is raised again."""
+        try:
+            info = await self.head(bucket, key)
+        except StoreError:
+            info = None
+        if info is not None and info["etag"] == etag and info["size"] == size:
+            log.info("PUT %s/%s: an earlier try had written it", bucket, key)
+            return etag
+        raise Changed(f"PUT {bucket}/{key}: S3 has another version than the one this file "
+                      "was based on")
+
+    async def _conditional(self, what: str, base: str | None, call):
+        """Await ``call`` (a write conditional on ``base``): a failed condition, or an
+        If-Match on a key that is gone, is :class:`Changed` (a conflict)."""
+        try:
+            return await call
+        except Changed:
+            raise Changed(f"{what}: S3 has another version than the one this file was based on") from None
+        except StoreError as exc:
+            if base and exc.errno == errno.ENOENT:
+                raise Changed(f"{what}: the object this file was based on was deleted meanwhile") from None
+            raise
+
+    def multipart(self, bucket: str, key: str, *, tags: dict[str, str] | None,
+                  content_type: str | None) -> "Multipart":
+        return Multipart(self, bucket, key, tags, content_type)
+
+    async def delete_many(self, bucket: str, keys: list[str]) -> dict[str, StoreError]:
+        """DeleteObjects of up to 1,000 keys; the StoreError of each key not deleted (all of
+        them when the request failed)."""
+        what = f"DeleteObjects {bucket} ({len(keys)} keys)"
+        try:
+            failed = await self._call(what, s3.delete_objects, CLIENT, bucket, keys)
+        except StoreError as exc:
+            return {k: exc for k in keys}
+        from .errors import errno_of_s3_code
+        return {k: StoreError(errno_of_s3_code(code), f"DELETE {bucket}/{k}: {code}")
+                for k, code in failed.items()}
 
     async def copy(self, bucket: str, key: str, src_bucket: str, src_key: str) -> dict:
         """Server-side copy (tags and metadata carried over); the new object's HEAD."""
@@ -223,6 +286,112 @@ class S3Store:
             raise StoreError(err, message) from exc
         except Exception as exc:  # noqa: BLE001 — the store could not be reached
             raise StoreError(errno.EIO, f"{type(exc).__name__}: {exc}") from exc
+
+
+class Multipart:
+    """One multipart upload whose parts may be sent while the file is still written:
+    parts go out ``part_concurrency`` at a time (``send`` in the caller's nursery, or
+    ``try_slot``/``wait_slot`` then ``send_part``), then ``complete`` (conditional on a base
+    version, as ``S3Store.upload``) or ``abort``. A part sent again replaces the earlier
+    one (S3 keeps the last)."""
+
+    def __init__(self, store: S3Store, bucket: str, key: str, tags, content_type):
+        self.store, self.bucket, self.key = store, bucket, key
+        self.tags, self.content_type = tags, content_type
+        self.upload_id: str | None = None
+        self.parts: dict[int, str] = {}       # number -> ETag of the part S3 has
+        self.errors: list[StoreError] = []
+        self._started = trio.Lock()
+        self._running = trio.Semaphore(store.part_concurrency)
+        self._idle = trio.Event()
+        self._idle.set()
+        self._active = 0
+        self.what = f"PUT {bucket}/{key} (multipart)"
+
+    async def _start(self) -> str:
+        async with self._started:
+            if self.upload_id is None:
+                self.upload_id = await self.store._call(
+                    self.what, s3.create_multipart, CLIENT, self.bucket, self.key,
+                    tags=self.tags, content_type=self.content_type)
+        return self.upload_id
+
+    def try_slot(self) -> bool:
+        """Take a sending slot if one is free (then ``send_part`` must follow)."""
+        try:
+            self._running.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        return True
+
+    async def wait_slot(self) -> None:
+        await self._running.acquire()
+
+    async def send(self, nursery, number: int, filename: str, offset: int, length: int) -> None:
+        """Start sending part ``number`` (returns once it is under way)."""
+        await self.wait_slot()
+        nursery.start_soon(self.send_part, number, filename, offset, length)
+
+    async def send_part(self, number: int, filename: str, offset: int, length: int) -> str | None:
+        """Send part ``number`` in a slot taken before (released here): its ETag, or None
+        when it failed (the error kept in ``errors``)."""
+        self._active += 1
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        try:
+            upload_id = await self._start()
+            etag = await self.store._call(
+                f"{self.what} part {number}", s3.upload_part, CLIENT, self.bucket, self.key,
+                upload_id, number, filename, offset, length)
+            self.parts[number] = etag
+            return etag
+        except StoreError as exc:
+            self.errors.append(exc)
+            return None
+        finally:
+            self._running.release()
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def wait(self) -> None:
+        """Until every part sent so far has been answered (the first failure raised)."""
+        await self._idle.wait()
+        if self.errors:
+            raise self.errors[0]
+
+    async def complete(self, size: int, base: str | None, parts: list[str] | None = None) -> str:
+        """Complete from ``parts`` (the part ETags in order; default: the last sent of each
+        number) once every part sent is answered."""
+        await self.wait()
+        count = max(1, -(-size // self.store.part_size))
+        if parts is None:
+            missing = [n for n in range(1, count + 1) if n not in self.parts]
+            if missing:
+                raise StoreError(errno.EIO, f"{self.what}: parts {missing} were not sent")
+            parts = [self.parts[n] for n in range(1, count + 1)]
+        upload_id = await self._start()
+        try:
+            etag = await self.store._conditional(self.what, base, self.store._call(
+                self.what, s3.complete_multipart, CLIENT, self.bucket, self.key, upload_id,
+                parts, base=base))
+        except Changed:
+            # an earlier try may have completed it: a multipart ETag is the MD5 of the
+            # parts' MD5s and their count
+            digest = hashlib.md5(b"".join(bytes.fromhex(p.strip('"')) for p in parts)).hexdigest()
+            etag = await self.store._landed(self.bucket, self.key, size, f"{digest}-{len(parts)}")
+        self.upload_id = None  # completed: nothing to abort
+        return etag
+
+    async def abort(self) -> None:
+        """Drop the parts sent (best effort: S3's lifecycle rules collect what remains)."""
+        await self._idle.wait()
+        upload_id, self.upload_id = self.upload_id, None
+        if upload_id is not None:
+            try:
+                await self.store._call(self.what, s3.abort_multipart, CLIENT, self.bucket,
+                                       self.key, upload_id)
+            except StoreError as exc:
+                log.info("aborting %s: %s", self.what, exc)
 
 
 def pwrite_all(fd: int, offset: int, data) -> None:

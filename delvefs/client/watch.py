@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..shared.config import handler_token
-from .fs.inodes import relative_path
+from .fs.inodes import layout_values, relative_path, value_dir
 from .handler_api import HandlerError, HandlerUnavailable, Resync, SyncHandlerClient
 
 log = logging.getLogger("delvefs.client.watch")
@@ -58,6 +58,7 @@ class ViewInfo:
     handler: str
     root: str
     layout: str
+    layout_by: tuple[str, ...] | None = None  # layout "by": the property of each directory level
 
     @classmethod
     def of(cls, view_dir: Path) -> "ViewInfo":
@@ -68,7 +69,9 @@ class ViewInfo:
                 raise WatchError(f"{view_dir} is not a view directory of a DelveFS mount") from None
             raise WatchError(f"{view_dir}: {exc.strerror}") from None
         info = json.loads(raw)
-        return cls(info["id"], info["name"], info["handler"], info["root"], info["layout"])
+        by = info.get("layout_by")
+        return cls(info["id"], info["name"], info["handler"], info["root"], info["layout"],
+                   tuple(by) if by else None)
 
 
 class Watcher:
@@ -85,7 +88,7 @@ class Watcher:
 
     def relist(self, print_new: bool) -> None:
         version, objects = self.handler.list_all(self.view.id, PAGE)
-        new = [k for k in objects if k not in self.present]
+        new = [(k, obj.get("properties")) for k, obj in objects.items() if k not in self.present]
         self.present = set(objects)
         self.version = version
         if print_new:
@@ -93,16 +96,28 @@ class Watcher:
 
     # --- output --------------------------------------------------------------------------
 
-    def emit(self, keys: list[str], version: int) -> None:
+    def emit(self, objects: list[tuple[str, dict | None]], version: int) -> None:
+        """Print the paths of ``objects``: (key, its ``properties`` as the handler lists them
+        for a layout by properties, else None)."""
         # Folder markers ("sub/") are directories, not files that appear.
-        paths = [p for p in (relative_path(self.view, k) for k in keys) if p and not p.endswith("/")]
+        paths = [(rel, props) for rel, props in ((relative_path(self.view, k), props) for k, props in objects)
+                 if rel and not rel.endswith("/")]
         if not paths:
             return
         # Make the mount catch up to `version` so each printed path opens at once.
         os.setxattr(self.view_dir, SYNC_XATTR, str(version).encode())
-        for rel in paths:
-            self.out.write(f"{self.view_dir / rel}\n")
+        for rel, props in paths:
+            self.out.write(f"{self.locate(rel, props)}\n")
         self.out.flush()
+
+    def locate(self, rel: str, props: dict | None) -> Path:
+        """Where the mount shows the file named ``rel``: in a layout by properties (flat
+        names one directory level per property down), below the directories of its values,
+        which the handler's listings and changes carry (``props``)."""
+        by = self.view.layout_by
+        if not by:
+            return self.view_dir / rel
+        return self.view_dir.joinpath(*(value_dir(v) for v in layout_values(by, props or {})), rel)
 
     def apply(self, change: dict) -> None:
         key = change["key"]
@@ -111,7 +126,7 @@ class Watcher:
             self.present.discard(key)
         elif key not in self.present:
             self.present.add(key)
-            self.emit([key], self.version)
+            self.emit([(key, (change.get("object") or {}).get("properties"))], self.version)
 
     # --- the handler's outages -----------------------------------------------------------
 

@@ -28,10 +28,11 @@ class HandlerProcess:
     def __init__(self, env: dict, state_dir: Path, *, token: str | None = "test-token",
                  queue: str | None = None, log_path: Path | None = None, extra_env: dict | None = None,
                  file_size_limit: int | None = None, port: int | None = None,
-                 tls: tuple[Path, Path] | None = None):
+                 tls: tuple[Path, Path] | None = None, args: tuple[str, ...] = ()):
         self.port = port or free_port()
         # tls: (certificate, key) to serve HTTPS; clients verify it with $DELVEFS_HANDLER_CA
         self.tls = tls
+        self.args = tuple(args)  # more `delvefs eventhandler` flags (e.g. --sqs-queue URL)
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.state_dir = Path(state_dir)
         self.token = token
@@ -58,7 +59,8 @@ class HandlerProcess:
             self.proc = subprocess.Popen(
                 [str(VENV_BIN / "delvefs"), "eventhandler", "--state-dir", str(self.state_dir),
                  "--listen", f"127.0.0.1:{self.port}",
-                 *(["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else [])],
+                 *(["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []),
+                 *self.args],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 preexec_fn=self._limit_file_size if self.file_size_limit else None)
         wanted = "standby" if standby else "active"
@@ -81,7 +83,8 @@ class HandlerProcess:
             health = self.api.health(timeout=1)
         except HandlerError as exc:
             return "standby" if exc.code == "standby" else "starting"
-        return "active" if health["amqp"] == "connected" else "starting"
+        source = health.get("amqp", health.get("sqs"))  # the handler's event source
+        return "active" if source == "connected" else "starting"
 
     def _limit_file_size(self) -> None:  # in the child, before exec
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write(), not a kill

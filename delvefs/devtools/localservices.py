@@ -277,6 +277,50 @@ class MinIO(_ServiceProcess):
 
 
 @dataclass
+class MotoServer(_ServiceProcess):
+    """moto in server mode (``moto[server]``, a test dependency): S3 and SQS on one loopback
+    port, with S3 delivering bucket notifications to SQS queues as AWS does — the AWS side
+    of the SQS event source's tests (eventhandler/sqs.py). Accepts any credentials."""
+
+    base_dir: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / f"moto-{self.port}.log"
+
+    def env(self) -> dict[str, str]:
+        """The standard client environment for this server (S3 and SQS)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+
+    def start(self, timeout: float = 60) -> "MotoServer":
+        import importlib.util
+        if importlib.util.find_spec("moto") is None or importlib.util.find_spec("flask") is None:
+            raise ServiceError("moto[server] missing: pip install -e '.[test]'")
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "MOTO_PORT": str(self.port)})
+        _wait_for(self._healthy, timeout, f"moto on {self.endpoint}", self.proc, self.log_path)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+
+@dataclass
 class LocalServices:
     """RabbitMQ, then MinIO publishing to it: the object store and broker of one test run."""
 

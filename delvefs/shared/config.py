@@ -44,12 +44,37 @@ def copy_threshold(env=os.environ) -> int:
     return max(1, min(int(value), MAX_SINGLE_COPY)) if value else MAX_SINGLE_COPY
 
 
+def upload_concurrency(env=os.environ) -> int:
+    """Files an eager mount uploads at a time (``DELVEFS_UPLOAD_CONCURRENCY``, default 16)."""
+    value = env.get("DELVEFS_UPLOAD_CONCURRENCY")
+    return max(1, min(int(value), 256)) if value else 16
+
+
+def upload_while_writing(env=os.environ) -> bool:
+    """Strict mode sends the full parts of a large file while it is still written
+    (``DELVEFS_UPLOAD_WHILE_WRITING=1``; off by default: on 2 shared cores it slowed a 1 GiB
+    ``dd`` down, docs/SEMANTICS.md)."""
+    return env.get("DELVEFS_UPLOAD_WHILE_WRITING", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def amqp_url(flag: str | None = None, env=os.environ) -> str:
     return flag or env.get("DELVEFS_AMQP_URL") or DEFAULT_AMQP_URL
 
 
 def amqp_exchange(flag: str | None = None, env=os.environ) -> str:
     return flag or env.get("DELVEFS_AMQP_EXCHANGE") or DEFAULT_EXCHANGE
+
+
+def sqs_queue(flag: str | None = None, env=os.environ) -> str | None:
+    """The SQS queue URL the handler consumes instead of RabbitMQ (AWS S3): ``--sqs-queue``,
+    else $DELVEFS_SQS_QUEUE; None: the AMQP source."""
+    return flag or env.get("DELVEFS_SQS_QUEUE") or None
+
+
+def sqs_dead_letter_queue(flag: str | None = None, env=os.environ) -> str | None:
+    """Where the SQS source sends unusable messages (``--sqs-dead-letter-queue``, else
+    $DELVEFS_SQS_DEAD_LETTER_QUEUE; None: the queue's RedrivePolicy target, if any)."""
+    return flag or env.get("DELVEFS_SQS_DEAD_LETTER_QUEUE") or None
 
 
 def notify_arn(env=os.environ) -> str:

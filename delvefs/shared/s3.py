@@ -8,13 +8,14 @@ a client costs ~0.3 s of CPU, which a mount keeps off its way to "ready" — it 
 its ListObjectsV2 proofs with :func:`presign_list_url` (SigV4, standard library only).
 
 A mount's single small requests — DeleteObject, HeadObject, PutObject below the part
-size — and its downloads' ranged GETs go through :class:`LeanClient` instead of
+size — and its downloads' ranged GETs, and the event handler's GetObjectTagging and
+HeadObject (:meth:`BucketReader.from_settings`), go through :class:`LeanClient` instead of
 botocore whenever the settings have an endpoint and static keys: the same requests,
 SigV4-signed with the standard library over
 kept-alive ``http.client`` connections, at ~0.3-0.4 ms of CPU each where botocore spends
 1.2-2 ms (docs/PERFORMANCE.md, write path). It answers the botocore client methods of those names
-(the fields :func:`head_object`, :func:`put_file` and :func:`delete_object` read), so those
-functions serve both; credentials from a profile or a role use boto3 for everything.
+(the fields :func:`head_object`, :func:`put_file`, :func:`delete_object` and
+:func:`get_object_tags` read), so those functions serve both; credentials from a profile or a role use boto3 for everything.
 """
 from __future__ import annotations
 
@@ -95,16 +96,44 @@ def ensure_bucket(client, bucket: str) -> None:
             raise
 
 
-def wire_notifications(client, bucket: str, arn: str) -> None:
-    """Point all create/remove events of ``bucket`` at the queue target ``arn``."""
-    client.put_bucket_notification_configuration(
-        Bucket=bucket,
-        NotificationConfiguration={
-            "QueueConfigurations": [
-                {"Id": "delvefs", "QueueArn": arn, "Events": list(S3_EVENTS)},
-            ]
-        },
-    )
+# The Id of DelveFS's rule in a bucket's notification configuration: `delvefs notify` adds,
+# updates and removes the rule with this Id and no other.
+NOTIFY_RULE_ID = "delvefs"
+# (configuration list, ARN field) of each kind of target; the ARN's service picks one
+_NOTIFY_TARGETS = {"sns": ("TopicConfigurations", "TopicArn"),
+                   "lambda": ("LambdaFunctionConfigurations", "LambdaFunctionArn")}
+_NOTIFY_QUEUE = ("QueueConfigurations", "QueueArn")  # SQS, and MinIO's targets (arn:minio:sqs:...)
+
+
+def merged_notifications(current: dict, arn: str | None, rule_id: str = NOTIFY_RULE_ID) -> dict:
+    """A bucket's notification configuration ``current`` (as GetBucketNotificationConfiguration
+    answers it) with the rule ``rule_id`` sending every create and remove to ``arn`` — or,
+    for ``arn`` None, without that rule. Every other rule (queues, topics, functions,
+    EventBridge) is kept as it is."""
+    merged = {k: v for k, v in current.items() if k != "ResponseMetadata"}
+    for kind, _field in (*_NOTIFY_TARGETS.values(), _NOTIFY_QUEUE):
+        rules = [rule for rule in merged.get(kind) or () if rule.get("Id") != rule_id]
+        if rules:
+            merged[kind] = rules
+        else:
+            merged.pop(kind, None)
+    if arn is not None:
+        parts = arn.split(":")
+        kind, field = _NOTIFY_TARGETS.get(parts[2] if len(parts) > 2 else "", _NOTIFY_QUEUE)
+        merged[kind] = [*merged.get(kind, ()), {"Id": rule_id, field: arn, "Events": list(S3_EVENTS)}]
+    return merged
+
+
+def wire_notifications(client, bucket: str, arn: str | None) -> dict:
+    """Point every create/remove event of ``bucket`` at the target ``arn`` through DelveFS's
+    own rule (``NOTIFY_RULE_ID``), or take that rule away (``arn`` None), keeping the rules
+    of other consumers: the configuration is read, changed and written back (S3 can only
+    replace it whole; two writers at the same moment can still lose one's change). Returns
+    the configuration written."""
+    current = client.get_bucket_notification_configuration(Bucket=bucket)
+    merged = merged_notifications(current, arn)
+    client.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration=merged)
+    return merged
 
 
 # --- read path of the FUSE client (delvefs.store calls these from worker threads) ---
@@ -226,8 +255,9 @@ def _backoff(attempt: int) -> None:
 
 
 class LeanClient:
-    """DeleteObject, HeadObject, PutObject (body in memory) and ranged GETs (``get_range``,
-    the mount's downloads) without botocore: SigV4
+    """DeleteObject, HeadObject, PutObject (body in memory), GetObjectTagging (the event
+    handler's :class:`BucketReader`) and ranged GETs (``get_range``, the mount's downloads)
+    without botocore: SigV4
     header signatures (payload signed, path-style URLs, keys quoted like botocore),
     http.client connections kept alive in a pool, ``attempts`` tries per request with
     botocore's backoff (random up to 1 s, 2 s, ... at most 20 s) on connection errors,
@@ -259,6 +289,9 @@ class LeanClient:
         self._request("DELETE", Bucket, Key)
         return {}
 
+    def get_object_tagging(self, *, Bucket: str, Key: str) -> dict:
+        return {"TagSet": _parse_tag_set(self._request("GET", Bucket, Key, query="tagging=")[1])}
+
     def head_object(self, *, Bucket: str, Key: str) -> dict:
         import email.utils
         headers = self._request("HEAD", Bucket, Key)[0]
@@ -268,12 +301,17 @@ class LeanClient:
                 "Metadata": {k[11:]: v for k, v in headers.items() if k.lower().startswith("x-amz-meta-")}}
 
     def put_object(self, *, Bucket: str, Key: str, Body: bytes, Tagging: str | None = None,
-                   ContentType: str | None = None) -> dict:
+                   ContentType: str | None = None, IfMatch: str | None = None,
+                   IfNoneMatch: str | None = None) -> dict:
         extra = {}
         if ContentType:
             extra["content-type"] = ContentType
         if Tagging:
             extra["x-amz-tagging"] = Tagging
+        if IfMatch:
+            extra["if-match"] = IfMatch
+        if IfNoneMatch:
+            extra["if-none-match"] = IfNoneMatch
         return {"ETag": self._request("PUT", Bucket, Key, extra, Body)[0].get("ETag", "")}
 
     def get_range(self, bucket: str, key: str, start: int, end: int, *, etag: str, write,
@@ -348,9 +386,9 @@ class LeanClient:
         return f"{self._base}/{urllib.parse.quote(bucket, safe='-_.~')}/{urllib.parse.quote(key, safe='/-_.~')}"
 
     def sign(self, method: str, path: str, headers: dict[str, str], body: bytes,
-             now: datetime.datetime | None = None) -> dict[str, str]:
+             now: datetime.datetime | None = None, query: str = "") -> dict[str, str]:
         """``headers`` (lowercase names) plus host, x-amz-date, x-amz-content-sha256 and
-        the Authorization signing all of them."""
+        the Authorization signing all of them and ``query`` (canonical: sorted, encoded)."""
         amz_date = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
         day = amz_date[:8]
         if self._keys[0] != day:
@@ -360,7 +398,7 @@ class LeanClient:
         if self._token:  # temporary credentials: a signed header (as botocore)
             signed["x-amz-security-token"] = self._token
         names = sorted(signed)
-        canonical = "\n".join([method, path, "", *(f"{k}:{' '.join(signed[k].split())}" for k in names),
+        canonical = "\n".join([method, path, query, *(f"{k}:{' '.join(signed[k].split())}" for k in names),
                                "", ";".join(names), payload])
         scope = f"{day}/{self._region}/s3/aws4_request"
         to_sign = f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
@@ -370,13 +408,13 @@ class LeanClient:
         return signed
 
     def _request(self, method: str, bucket: str, key: str, headers: dict[str, str] | None = None,
-                 body: bytes = b"") -> tuple[http.client.HTTPMessage, bytes]:
+                 body: bytes = b"", query: str = "") -> tuple[http.client.HTTPMessage, bytes]:
         path = self.path(bucket, key)
         error: BaseException | None = None
         for attempt in range(self.attempts):
             _backoff(attempt)
             try:
-                conn, resp = self._open(method, path, headers or {}, body)
+                conn, resp = self._open(method, path, headers or {}, body, query)
                 try:
                     data = resp.read()
                 except BaseException:
@@ -393,18 +431,20 @@ class LeanClient:
                 break
         raise error
 
-    def _open(self, method: str, path: str, headers: dict[str, str], body: bytes):
-        """Send one request; (connection, response) once its status line and headers are
-        in. A pooled connection the server has closed meanwhile is dropped and the request
-        sent again on another (pooled or new) one, without counting as a try."""
+    def _open(self, method: str, path: str, headers: dict[str, str], body: bytes, query: str = ""):
+        """Send one request (``query``: canonical, sent as it is signed); (connection,
+        response) once its status line and headers are in. A pooled connection the server
+        has closed meanwhile is dropped and the request sent again on another (pooled or
+        new) one, without counting as a try."""
         while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
             reused = conn is not None
             conn = conn or self._connect()
             try:
-                conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-                for k, v in self.sign(method, path, headers, body).items():
+                conn.putrequest(method, f"{path}?{query}" if query else path, skip_host=True,
+                                skip_accept_encoding=True)
+                for k, v in self.sign(method, path, headers, body, query=query).items():
                     conn.putheader(k, v)
                 if body or method == "PUT":
                     conn.putheader("content-length", str(len(body)))
@@ -443,6 +483,30 @@ class LeanClient:
             except ET.ParseError:
                 pass
         return S3Error(code, status, message)
+
+
+def _parse_tag_set(data: bytes) -> list[dict[str, str]]:
+    """The tag set of a GetObjectTagging answer (``Tagging/TagSet/Tag/{Key,Value}``, in any
+    XML namespace) as botocore gives it: ``[{"Key", "Value"}]``, escapes resolved. expat
+    (as botocore's parser) fetches no external entities and bounds entity expansion. An
+    answer that is not such XML is an :class:`S3Error` 'MalformedResponse' (not retried)."""
+    import xml.etree.ElementTree as ET
+
+    def name(element) -> str:
+        return element.tag.rpartition("}")[2]
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as exc:
+        raise S3Error("MalformedResponse", 200, f"GetObjectTagging answer: {exc}") from None
+    if name(root) != "Tagging":
+        raise S3Error("MalformedResponse", 200, f"GetObjectTagging answer is <{name(root)}>, not <Tagging>")
+    tags = []
+    for tag in (t for tag_set in root if name(tag_set) == "TagSet" for t in tag_set if name(t) == "Tag"):
+        fields = {name(field): field.text or "" for field in tag}
+        if "Key" not in fields:
+            raise S3Error("MalformedResponse", 200, "GetObjectTagging answer has a <Tag> without <Key>")
+        tags.append({"Key": fields["Key"], "Value": fields.get("Value", "")})
+    return tags
 
 
 def head_object(client, bucket: str, key: str) -> dict:
@@ -485,10 +549,24 @@ def _tagging(tags: dict[str, str] | None) -> str:
     return urllib.parse.urlencode(sorted((tags or {}).items()))
 
 
+def _conditions(base: str | None) -> dict:
+    """The conditional-write arguments for an upload based on version ``base``: None =
+    unconditional, "" = the object must not exist (If-None-Match: *), else its ETag
+    (If-Match). A failed condition answers 412 PreconditionFailed (NoSuchKey for If-Match
+    of a key that is gone); this MinIO honours both on PutObject and on
+    CompleteMultipartUpload."""
+    if base is None:
+        return {}
+    if base == "":
+        return {"IfNoneMatch": "*"}
+    return {"IfMatch": f'"{base}"'}
+
+
 def put_file(client, bucket: str, key: str, filename: str, *, tags: dict[str, str] | None = None,
-             content_type: str | None = None) -> str:
-    """One PutObject of the whole file (small objects); returns the ETag (no quotes)."""
-    kw = {}
+             content_type: str | None = None, base: str | None = None) -> str:
+    """One PutObject of the whole file (small objects), conditional on ``base`` (see
+    :func:`_conditions`); returns the ETag (no quotes)."""
+    kw = _conditions(base)
     if tags:
         kw["Tagging"] = _tagging(tags)
     if content_type:
@@ -509,6 +587,51 @@ def upload_file(manager, bucket: str, key: str, filename: str, *, tags: dict[str
     if content_type:
         extra["ContentType"] = content_type
     manager.upload(filename, bucket, key, extra_args=extra).result()
+
+
+def create_multipart(client, bucket: str, key: str, *, tags: dict[str, str] | None = None,
+                     content_type: str | None = None) -> str:
+    """Start a multipart upload (the object gets ``tags`` when it completes); its id."""
+    kw = {}
+    if tags:
+        kw["Tagging"] = _tagging(tags)
+    if content_type:
+        kw["ContentType"] = content_type
+    return client.create_multipart_upload(Bucket=bucket, Key=key, **kw)["UploadId"]
+
+
+def upload_part(client, bucket: str, key: str, upload_id: str, number: int, filename: str,
+                offset: int, length: int) -> str:
+    """Send bytes [offset, offset+length) of ``filename`` as part ``number``; its ETag."""
+    with open(filename, "rb") as f:
+        f.seek(offset)
+        body = f.read(length)
+    if len(body) != length:
+        raise OSError(f"{filename}: {len(body)} bytes at {offset}, expected {length}")
+    return client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                              Body=body)["ETag"]
+
+
+def complete_multipart(client, bucket: str, key: str, upload_id: str, parts: list[str], *,
+                       base: str | None = None) -> str:
+    """Complete the upload from ``parts`` (part ETags in order), conditional on ``base``
+    (:func:`_conditions`); the object's ETag (no quotes)."""
+    r = client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload_id, **_conditions(base),
+        MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(parts)]})
+    return r.get("ETag", "").strip('"')
+
+
+def abort_multipart(client, bucket: str, key: str, upload_id: str) -> None:
+    client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+
+
+def delete_objects(client, bucket: str, keys: list[str]) -> dict[str, str]:
+    """DeleteObjects of up to 1,000 ``keys`` (quiet mode); ``{key: error code}`` of those
+    the store did not delete (a missing key counts as deleted)."""
+    r = client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys],
+                                                     "Quiet": True})
+    return {e["Key"]: e.get("Code") or "InternalError" for e in r.get("Errors") or ()}
 
 
 def make_copy_manager(client, *, threshold: int = MAX_SINGLE_COPY, concurrency: int = 10):
@@ -544,12 +667,29 @@ def put_object_tags(client, bucket: str, key: str, tags: dict[str, str]) -> None
 class BucketReader:
     """What the event handler's engine reads from S3: whole-bucket listings, an object's tags
     and user metadata, the store's clock. The engine is given one (tests give it a fake of
-    these four methods); the boto3 client is made on first use, off the handler's start."""
+    these four methods); the boto3 client is made on first use, off the handler's start.
+    ``lean``: a :class:`LeanClient` for the per-object requests (GetObjectTagging,
+    HeadObject), else boto3 serves them too."""
 
-    def __init__(self, client_factory=make_client):
+    def __init__(self, client_factory=make_client, lean: LeanClient | None = None):
         self._client_factory = client_factory
         self._client = None
         self._lock = threading.Lock()
+        self._lean = lean
+
+    @classmethod
+    def from_settings(cls, settings: S3Settings) -> BucketReader:
+        """The handler's reader. With an endpoint and static keys (what makes a mount use
+        :class:`LeanClient`), tags and metadata are read without botocore: at one request per
+        object, botocore's CPU per request (~1-2 ms of signing, parsing, events) competes
+        with the handler's own work for the GIL. Credentials from a profile or a role: boto3."""
+        lean = LeanClient(settings) if _static_endpoint(settings) is not None else None
+        return cls(lambda: make_client(settings), lean)
+
+    @property
+    def object_client(self):
+        """The client of the per-object requests: the lean one if any, else boto3's."""
+        return self._lean if self._lean is not None else self.client
 
     @property
     def client(self):
@@ -559,16 +699,19 @@ class BucketReader:
             return self._client
 
     def list_pages(self, bucket: str):
-        """Yields (contents, http_date) per ListObjectsV2 page (see :func:`list_pages`)."""
-        return list_pages(self.client, bucket)
+        """Yields (contents, http_date) per ListObjectsV2 page (see :func:`list_pages`);
+        ``$DELVEFS_SCAN_PAGE_SIZE`` keys a page (default and S3's maximum 1000; tests make
+        scans last by lowering it)."""
+        size = int(os.environ.get("DELVEFS_SCAN_PAGE_SIZE") or 1000)
+        return list_pages(self.client, bucket, max(1, min(size, 1000)))
 
     def tags(self, bucket: str, key: str) -> dict[str, str] | None:
         """The object's tags; None when it is gone."""
-        return get_object_tags(self.client, bucket, key)
+        return get_object_tags(self.object_client, bucket, key)
 
     def metadata(self, bucket: str, key: str) -> dict[str, str] | None:
         """The object's user metadata (HeadObject); None when it is gone."""
-        return head_object_metadata(self.client, bucket, key)
+        return head_object_metadata(self.object_client, bucket, key)
 
     def store_date(self, bucket: str) -> str | None:
         """The store's clock (see :func:`store_date`)."""
@@ -668,3 +811,99 @@ def check_bucket(client, bucket: str) -> None:
     except ClientError as exc:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         raise S3Error(error_code(exc) or str(status), status, str(exc)) from None
+
+
+# ---- SQS: the handler's event source for AWS S3 (eventhandler/sqs.py) -------------------
+
+def sqs_endpoint(queue_url: str, settings: S3Settings | None = None,
+                 env=os.environ) -> tuple[str, str]:
+    """(endpoint URL, region) of the SQS service holding ``queue_url``:
+    ``$AWS_ENDPOINT_URL_SQS`` if set (the standard per-service variable), else the queue
+    URL's own scheme and host; the region is that of an ``sqs.<region>.amazonaws.com`` host,
+    else the settings' region."""
+    parts = urllib.parse.urlsplit(queue_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path.count("/") != 2:
+        raise ValueError(f"{queue_url!r} is no SQS queue URL (https://sqs.REGION.amazonaws.com/ACCOUNT/NAME)")
+    host = parts.hostname or ""
+    labels = host.split(".")
+    region = (labels[1] if len(labels) >= 4 and labels[0] == "sqs" and host.endswith(".amazonaws.com")
+              else (settings or S3Settings.from_env(env)).region)
+    return env.get("AWS_ENDPOINT_URL_SQS") or f"{parts.scheme}://{parts.netloc}", region
+
+
+def make_sqs_client(queue_url: str, settings: S3Settings | None = None, *, max_pool: int = 16,
+                    read_timeout: float = 40):
+    """A boto3 SQS client for the service of ``queue_url`` with the S3 settings' credentials.
+    ``read_timeout`` must exceed the long polls' wait (at most 20 s)."""
+    import boto3
+    import botocore.config
+
+    settings = settings or S3Settings.from_env()
+    endpoint, region = sqs_endpoint(queue_url, settings)
+    return boto3.client(
+        "sqs", endpoint_url=endpoint, region_name=region,
+        aws_access_key_id=settings.access_key, aws_secret_access_key=settings.secret_key,
+        aws_session_token=settings.session_token,
+        config=botocore.config.Config(max_pool_connections=max_pool, connect_timeout=5,
+                                      read_timeout=read_timeout,
+                                      retries={"max_attempts": 3, "mode": "standard"}))
+
+
+def sqs_receive(client, queue_url: str, *, max_messages: int = 10, wait: int = 20,
+                visibility: int | None = None) -> list[dict]:
+    """One long poll: up to ``max_messages`` (at most 10) messages as {"id", "receipt",
+    "body" (str), "receives" (how often it was received, this time included)}."""
+    kwargs = {"QueueUrl": queue_url, "MaxNumberOfMessages": max(1, min(max_messages, 10)),
+              "WaitTimeSeconds": max(0, min(wait, 20)),
+              "MessageSystemAttributeNames": ["ApproximateReceiveCount"]}
+    if visibility is not None:
+        kwargs["VisibilityTimeout"] = visibility
+    resp = client.receive_message(**kwargs)
+    return [{"id": m["MessageId"], "receipt": m["ReceiptHandle"], "body": m.get("Body", ""),
+             "receives": int((m.get("Attributes") or {}).get("ApproximateReceiveCount", 1))}
+            for m in resp.get("Messages", [])]
+
+
+def _sqs_batches(items: list, size: int = 10):
+    for i in range(0, len(items), size):
+        yield list(enumerate(items[i:i + size]))
+
+
+def sqs_delete(client, queue_url: str, receipts: list[str]) -> list[str]:
+    """Delete received messages (batches of 10); returns why each failed one failed."""
+    failed = []
+    for batch in _sqs_batches(receipts):
+        resp = client.delete_message_batch(
+            QueueUrl=queue_url, Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in batch])
+        failed += [f"{f.get('Code')}: {f.get('Message', '')}" for f in resp.get("Failed", [])]
+    return failed
+
+
+def sqs_set_visibility(client, queue_url: str, receipts: list[str], seconds: int) -> None:
+    """Make received messages visible again after ``seconds`` (0: at once)."""
+    for batch in _sqs_batches(receipts):
+        client.change_message_visibility_batch(
+            QueueUrl=queue_url,
+            Entries=[{"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": seconds} for i, r in batch])
+
+
+def sqs_send(client, queue_url: str, body: str, attributes: dict[str, str] | None = None) -> None:
+    """Send one message (``attributes``: string message attributes)."""
+    kwargs = {"QueueUrl": queue_url, "MessageBody": body}
+    if attributes:
+        kwargs["MessageAttributes"] = {k: {"DataType": "String", "StringValue": v[:1024] or "-"}
+                                       for k, v in attributes.items()}
+    client.send_message(**kwargs)
+
+
+def sqs_attributes(client, queue_url: str) -> dict[str, str]:
+    """The queue's attributes (ApproximateNumberOfMessages, RedrivePolicy, QueueArn, ...)."""
+    return client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"]).get("Attributes", {})
+
+
+def sqs_queue_url(client, arn: str) -> str:
+    """The URL of the queue ``arn:aws:sqs:REGION:ACCOUNT:NAME``."""
+    parts = arn.split(":")
+    if len(parts) != 6 or parts[2] != "sqs":
+        raise ValueError(f"{arn!r} is no SQS queue ARN")
+    return client.get_queue_url(QueueName=parts[5], QueueOwnerAWSAccountId=parts[4])["QueueUrl"]

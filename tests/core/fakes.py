@@ -19,7 +19,11 @@ class FakeHandler:
     is answered as soon as ``hang`` is cleared), ``scanning`` (the bucket's first scan runs:
     listings are held ``scan_hold`` seconds, then answered 503 "scanning" with ``scan_listed``
     as progress; changes at once) and :meth:`lose_state` (404 for every view id until it is
-    registered again; versions start anew, so older ones are 410)."""
+    registered again; versions start anew, so older ones are 410).
+
+    A view registered with ``layout_by`` gets ``properties`` in its listed objects and put
+    changes, as the handler gives them: read from ``store`` (a FakeStore; tags, else user
+    metadata) when the fake answers, unless the object was put with its own."""
 
     def __init__(self):
         self.views: dict[str, dict] = {}     # id -> state
@@ -32,6 +36,8 @@ class FakeHandler:
         self.scanning = False
         self.scan_hold = 10.0
         self.scan_listed = 0
+        self.store = None
+        self.layouts: dict[str, tuple[str, tuple[str, ...]]] = {}  # id -> (bucket, layout_by)
 
     def _state(self, name: str) -> dict:
         vid = self.by_name.setdefault(name, f"id-{name}")
@@ -95,6 +101,8 @@ class FakeHandler:
         for v in views:
             st = self._state(v["name"])
             self.known.add(self.by_name[v["name"]])
+            if v["spec"].get("layout_by"):
+                self.layouts[self.by_name[v["name"]]] = (v["spec"]["bucket"], tuple(v["spec"]["layout_by"]))
             out.append({"name": v["name"], "id": self.by_name[v["name"]], "version": st["version"]})
         return out
 
@@ -105,7 +113,7 @@ class FakeHandler:
         keys = sorted((k for k in st["objects"] if after is None or k > after),
                       key=lambda k: k.encode())
         page = keys[:limit]
-        return {"version": st["version"], "objects": [dict(st["objects"][k]) for k in page],
+        return {"version": st["version"], "objects": [self._listed(view_id, st["objects"][k]) for k in page],
                 "next": page[-1] if len(keys) > limit else None}
 
     async def changes(self, view_id, since, limit=50000, wait=0):
@@ -114,8 +122,23 @@ class FakeHandler:
         st = self.views[view_id]
         if since < st["min"]:
             raise Resync(st["version"])
-        newer = [c for c in st["log"] if c["v"] > since]
+        newer = [c if c["object"] is None else {**c, "object": self._listed(view_id, c["object"])}
+                 for c in st["log"] if c["v"] > since]
         return {"version": st["version"], "changes": newer[:limit], "more": len(newer) > limit}
+
+    def _listed(self, view_id: str, obj: dict) -> dict:
+        """``obj`` as listed: with its ``properties`` in a view registered with layout_by."""
+        obj = dict(obj)
+        layout = self.layouts.get(view_id)
+        if layout is None or "properties" in obj:
+            return obj
+        bucket, names = layout
+        o = self.store.objects.get((bucket, obj["key"])) if self.store is not None else None
+        props = {}
+        for source in (o["metadata"], o["tags"]) if o else ():  # a tag wins
+            props.update((k.lower(), v) for k, v in source.items() if k.lower() in names)
+        obj["properties"] = props
+        return obj
 
 
 class FakeStore:
@@ -123,6 +146,12 @@ class FakeStore:
         self.objects: dict[tuple[str, str], dict] = {}
         self.calls = {"head": 0, "tags": 0, "download": 0}
         self.wcalls = {"upload": 0, "copy": 0, "delete": 0, "put_tags": 0}
+        self.conflicts = 0       # uploads refused by their condition
+        self.part_size = 8 * 1024 * 1024   # files from this size on stream parts while written
+        self.part_concurrency = 10
+        self.multiparts: list = []
+        self.delete_batches = 0
+        self.deleted: list[list[str]] = []   # every DeleteObjects batch's keys
         self.fail_writes: int | None = None  # errno for upload/copy/delete/put_tags (S3 down)
         self.uploaded: list[dict] = []       # every upload: key, tags, content_type, data
         self.chunk = 1000        # streaming downloads: bytes per write
@@ -179,9 +208,16 @@ class FakeStore:
         if self.fail_writes is not None:
             raise StoreError(self.fail_writes, f"{what}: fake S3 refuses")
 
-    async def upload(self, bucket, key, filename, *, size, tags, content_type):
+    def multipart(self, bucket, key, *, tags, content_type):
+        return FakeMultipart(self, bucket, key, tags, content_type)
+
+    async def upload(self, bucket, key, filename, *, size, tags, content_type, base=None):
         self.wcalls["upload"] += 1
         self._check_write(f"PUT {bucket}/{key}")
+        current = self.objects.get((bucket, key))
+        if base is not None and (current["etag"] if current else "") != base:
+            self.conflicts += 1  # S3's answer to If-Match / If-None-Match: * (412)
+            raise Changed(f"PUT {bucket}/{key}: S3 has another version")
         with open(filename, "rb") as f:
             data = f.read()
         import time
@@ -203,10 +239,77 @@ class FakeStore:
         self._check_write(f"DELETE {bucket}/{key}")
         self.objects.pop((bucket, key), None)
 
+    async def delete_many(self, bucket, keys):
+        self.delete_batches += 1
+        if self.fail_writes is not None:
+            return {k: StoreError(self.fail_writes, f"DELETE {bucket}/{k}: fake S3 refuses") for k in keys}
+        self.deleted.append(list(keys))
+        for k in keys:
+            self.objects.pop((bucket, k), None)
+        return {}
+
     async def put_tags(self, bucket, key, tags):
         self.wcalls["put_tags"] += 1
         self._check_write(f"PutObjectTagging {bucket}/{key}")
         self._get(bucket, key)["tags"] = dict(tags)
+
+
+class FakeMultipart:
+    """A multipart upload of the fake S3 (the interface of ``s3async.Multipart``)."""
+
+    def __init__(self, store, bucket, key, tags, content_type):
+        import trio
+        self.store, self.bucket, self.key = store, bucket, key
+        self.tags, self.content_type = tags, content_type
+        self.parts: dict[int, bytes] = {}
+        self.sent: list[int] = []          # part numbers, in the order they were sent
+        self.aborted = False
+        self.upload_id = None
+        self._slots = trio.Semaphore(store.part_concurrency)
+        store.multiparts.append(self)
+
+    def try_slot(self):
+        import trio
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        return True
+
+    async def wait_slot(self):
+        await self._slots.acquire()
+
+    async def send_part(self, number, filename, offset, length):
+        import trio
+        try:
+            await trio.sleep(0)
+            if self.store.fail_writes is not None:
+                return None
+            with open(filename, "rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+            self.upload_id = self.upload_id or "fake-upload"
+            self.parts[number] = data
+            self.sent.append(number)
+            return hashlib.md5(data).hexdigest()
+        finally:
+            self._slots.release()
+
+    async def complete(self, size, base, parts):
+        data = b"".join(self.parts[n] for n in range(1, len(parts) + 1))
+        assert [hashlib.md5(self.parts[n]).hexdigest() for n in range(1, len(parts) + 1)] == parts
+        current = self.store.objects.get((self.bucket, self.key))
+        if base is not None and (current["etag"] if current else "") != base:
+            self.store.conflicts += 1
+            raise Changed(f"PUT {self.bucket}/{self.key}: S3 has another version")
+        obj = self.store.put(self.bucket, self.key, data, tags=self.tags)
+        self.upload_id = None
+        self.store.uploaded.append({"bucket": self.bucket, "key": self.key, "tags": dict(self.tags or {}),
+                                    "content_type": self.content_type, "data": data})
+        return obj["etag"]
+
+    async def abort(self):
+        self.aborted = True
 
 
 class RecordingNotifier:

@@ -92,7 +92,10 @@ class EventLogStore(FakeStore):
             "size": len(o["data"]), "etag": o["etag"], "mtime": o["mtime"],
             "tags": dict(o["tags"])}))
 
-    async def upload(self, bucket, key, filename, **kw):
+    async def upload(self, bucket, key, filename, base=None, **kw):
+        # the model is last-close-wins: it does not model conflicts (uploads conditional on
+        # the version a file was based on), so its store ignores the condition; conflicts
+        # have tests of their own (tests/core/test_write.py, test_eager.py)
         info = await super().upload(bucket, key, filename, **kw)
         self.record(key)
         return info
@@ -310,9 +313,6 @@ class CoreMachine(RuleBasedStateMachine):
         self.delivered = 0
         self.model = Model()
         self.counter = 0
-        self.renamed_away: set[str] = set()   # keys a rename moved an object from
-        self.dropped_locally: set[str] = set()  # keys whose never-uploaded file went away
-        self.overwritten_unread: set[str] = set()  # objects another client overwrote
         self.read_every_step = True
         self.started = False
 
@@ -424,54 +424,17 @@ class CoreMachine(RuleBasedStateMachine):
         parent, name = parents[pick % len(parents)], rel.rpartition("/")[2]
         return f"{parent}/{name}" if parent else name
 
-    def written_elsewhere(self, vname: str, key: str) -> bool:
-        """A dirty file is written through one view at a time here: through a second one,
-        sizes go stale (test_a_file_written_through_two_views_shows_its_size_in_both)."""
-        local = self.model.locals.get(key)
-        return local is not None and vname not in local.views
-
     def rename_left_out(self, sv: str, src: str, dv: str, dst: str) -> bool:
-        """Renames the machine leaves to the bug tests named here: onto keys written
-        through another view (..._removes_it_there) or of files written through another
-        view (test_a_file_renamed_through_another_view_is_uploaded_at_close); of an object
-        over a file being written (..._replaces_its_local_copy); of a never-uploaded file
-        over an object it did not show (hides_object); onto a file renamed while written
-        (lost_object); of an object overwritten by another client and not read since
-        (test_a_renamed_object_reads_its_current_version); and those making a file and a
-        directory of one name (clashes)."""
+        """Renames the machine leaves to the bug tests named here: those making a file and
+        a directory of one name (clashes)."""
         m = self.model
         if m.kind(sv, src) == "dir":
             files, _ = m.render(sv)
             sources = [p for p in files if p.startswith(src + "/")]
             moved = [dst + p[len(src):] for p in sources] if sv == dv else []
         else:
-            sources, moved = [src], [dst]
-        for rel in moved:
-            dk = self.key(dv, rel)
-            if self.written_elsewhere(dv, dk) or self.clashes(dk) or self.lost_object(dk):
-                return True
-        for rel in sources:
-            sk = self.key(sv, rel)
-            if self.hides_object(sk) or self.written_elsewhere(sv, sk) \
-                    or sk in self.overwritten_unread:
-                return True
-        return m.kind(sv, src) == "file" and self.key(sv, src) not in m.locals \
-            and self.key(dv, dst) in m.locals
-
-    def hides_object(self, key: str) -> bool:
-        """A local file never uploaded over an object its view did not show: dropping or
-        moving it hides the object elsewhere
-        (test_dropping_a_local_file_keeps_the_object_of_its_key_in_other_views)."""
-        local = self.model.locals.get(key)
-        return local is not None and not local.existing and not local.has_etag \
-            and key in self.model.s3
-
-    def lost_object(self, key: str) -> bool:
-        """A file renamed while written: its node keeps the object's ETag, but no object has
-        its key (test_a_file_renamed_while_written_lists_its_tags,
-        test_a_rename_over_a_file_renamed_while_written_uploads_at_close)."""
-        local = self.model.locals.get(key)
-        return local is not None and local.has_etag and key not in self.model.s3
+            moved = [dst]
+        return any(self.clashes(self.key(dv, rel)) for rel in moved)
 
     def handle_at(self, i: int) -> Handle:
         return self.model.handles[i % len(self.model.handles)]
@@ -486,7 +449,7 @@ class CoreMachine(RuleBasedStateMachine):
         flags = os.O_RDWR | os.O_CREAT | (os.O_EXCL if excl else 0) | (os.O_TRUNC if trunc else 0)
         name = rel.rpartition("/")[2]
         key = self.key(vname, rel)
-        if self.written_elsewhere(vname, key) or self.clashes(key):
+        if self.clashes(key):
             return
 
         async def do():
@@ -574,8 +537,6 @@ class CoreMachine(RuleBasedStateMachine):
         m = self.model
         rel = self.existing(vname, rel, pick, "file")
         key = self.key(vname, rel)
-        if self.written_elsewhere(vname, key):
-            return
 
         async def do():
             node = await self.resolve(vname, rel)
@@ -605,8 +566,6 @@ class CoreMachine(RuleBasedStateMachine):
         m = self.model
         rel = self.existing(vname, rel, pick, "file")
         key = self.key(vname, rel)
-        if self.hides_object(key):
-            return
 
         async def do():
             parent = await self.resolve_dir(vname, parent_of(rel))
@@ -624,8 +583,6 @@ class CoreMachine(RuleBasedStateMachine):
         m.keep_parent(vname, rel)
         if not local_only:
             m.s3.pop(key, None)
-        else:
-            self.dropped_locally.add(key)
         if local is not None:
             m.drop(local)
         m.settle()
@@ -676,7 +633,6 @@ class CoreMachine(RuleBasedStateMachine):
         dst = self.new_path(dst_view, dst, dst_pick)
         if self.rename_left_out(src_view, src, dst_view, dst):
             return
-        replaces_cached = self.replaces_cached(src_view, src, dst_view, dst)
 
         async def do():
             sp = await self.resolve_dir(src_view, parent_of(src))
@@ -688,8 +644,6 @@ class CoreMachine(RuleBasedStateMachine):
             expected = apply()
         assert err == expected, (err, expected)
         m.settle()
-        if replaces_cached and err is None:
-            self.trio.jump(TTL + 1)
 
     def expect_rename(self, sv, src, dv, dst):
         """(errno before anything changes, the change as a function returning the errno
@@ -726,21 +680,11 @@ class CoreMachine(RuleBasedStateMachine):
                 return errno.EXDEV, None
         return None, lambda: self.rename_file(sv, src, dv, dst)
 
-    def replaces_cached(self, sv: str, src: str, dv: str, dst: str) -> bool:
-        """An object renamed over another reads the other's cached bytes until ttl has
-        passed (test_a_rename_over_a_cached_file_reads_the_moved_content): the rule lets
-        it pass."""
-        m = self.model
-        return m.kind(sv, src) == "file" and self.key(sv, src) not in m.locals \
-            and m.kind(dv, dst) == "file"
-
     def move_local(self, local: Local, sv: str, dv: str, dk: str, replaced: bool) -> None:
         """A dirty file renamed: its local copy is re-keyed (handles follow its node)."""
         m = self.model
         if local.existing or m.node_has_etag(sv, local.key):
             m.s3.pop(local.key, None)
-        else:
-            self.dropped_locally.add(local.key)
         old = m.locals.get(dk)
         if old is not None and old is not local:
             m.drop(old)
@@ -771,7 +715,6 @@ class CoreMachine(RuleBasedStateMachine):
             return None
         m.s3[dk] = Obj(m.s3[sk].data, dict(m.s3[sk].tags))
         del m.s3[sk]
-        self.renamed_away.add(sk)
         if target is not None and not target.gone:
             m.drop(target)  # replaced in S3: its local copy is stale
         return None
@@ -796,7 +739,6 @@ class CoreMachine(RuleBasedStateMachine):
             else:
                 m.s3[dk] = Obj(m.s3[sk].data, dict(m.s3[sk].tags))
                 del m.s3[sk]
-                self.renamed_away.add(sk)
         errors = [e for e in (m.upload(local) for local in uploads) if e is not None]
         return errors[0] if errors else None
 
@@ -807,8 +749,6 @@ class CoreMachine(RuleBasedStateMachine):
         m = self.model
         rel = self.existing(vname, rel, pick, "file")
         key = self.key(vname, rel)
-        if remove and self.lost_object(key):
-            return
 
         async def do():
             node = await self.resolve(vname, rel)
@@ -857,7 +797,6 @@ class CoreMachine(RuleBasedStateMachine):
         if shown is None or shown.data is None:
             return
         assert self.run(self.read_file, vname, rel) == shown.data
-        self.overwritten_unread.discard(self.key(vname, rel))
 
     @rule(vname=views, rel=paths, pick=picks)
     def read_tags(self, vname, rel, pick):
@@ -868,7 +807,7 @@ class CoreMachine(RuleBasedStateMachine):
         files, _ = m.render(vname)
         key = self.key(vname, rel)
         local = m.locals.get(key)
-        if rel not in files or self.written_elsewhere(vname, key) or self.lost_object(key):
+        if rel not in files:
             return
         if local is None:
             expected = m.s3[key].tags
@@ -900,17 +839,8 @@ class CoreMachine(RuleBasedStateMachine):
         key = root + rel
         if key in self.model.locals or any(h.local.key == key for h in self.model.handles):
             return  # one writer per object: concurrent writers are not coordinated
-        if key in self.renamed_away:
-            return  # test_a_download_of_a_renamed_name_leaves_the_renamed_file_alone
-        if key in self.dropped_locally:
-            return  # test_an_object_put_after_a_local_file_of_its_name_was_dropped_shows
-        # an overwrite seen through sync may read stale bytes:
-        # test_read_after_sync_shows_the_version_the_listing_shows
-        overwrite = key in self.model.s3
-        if overwrite:
-            self.overwritten_unread.add(key)
         self.outside_put_key(key, {"stage": "hot"} if hot else {})
-        self.refresh(sync and not overwrite)
+        self.refresh(sync)
 
     @precondition(lambda self: self.model.s3)
     @rule(i=st.integers(0, 50), sync=st.booleans())
@@ -996,7 +926,6 @@ class CoreMachine(RuleBasedStateMachine):
             assert {p: s for p, (s, _) in got_files.items()} == \
                 {p: s.size for p, s in files.items()}, vname
             if self.read_every_step:
-                self.overwritten_unread.difference_update(self.key(vname, p) for p in files)
                 for p, s in files.items():
                     if s.data is not None:
                         assert got_files[p][1] == s.data, (vname, p, got_files[p][1], s.data)
@@ -1055,8 +984,6 @@ def hot_and_v(make_world):
                       view("hot", properties={"stage": ["hot"]}, writable=True))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DataCache.fetch reuses a copy "
-                   "validated within ttl without comparing its ETag with the listing's newer one")
 def test_read_after_sync_shows_the_version_the_listing_shows(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"old")
@@ -1071,9 +998,6 @@ def test_read_after_sync_shows_the_version_the_listing_shows(make_world):
     run_trio(body, make_world(view("v")))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a write updates the size of the "
-                   "writing handle's node only: the node of the same file in another view keeps "
-                   "the old size")
 def test_a_file_written_through_two_views_shows_its_size_in_both(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"", tags={"stage": "hot"})
@@ -1087,8 +1011,6 @@ def test_a_file_written_through_two_views_shows_its_size_in_both(make_world):
     run_trio(body, hot_and_v(make_world))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DirtyFiles.rekey discards the "
-                   "dirty copy a rename replaces, but its node in another view stays listed")
 def test_a_rename_over_a_file_written_in_another_view_removes_it_there(make_world):
     async def body(w, clock):
         await w.start()
@@ -1103,8 +1025,6 @@ def test_a_rename_over_a_file_written_in_another_view_removes_it_there(make_worl
     run_trio(body, hot_and_v(make_world))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DataCache.rekey keeps the cache "
-                   "file named after the old key: the old key's next download overwrites it")
 def test_a_download_of_a_renamed_name_leaves_the_renamed_file_alone(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"first")
@@ -1121,8 +1041,6 @@ def test_a_download_of_a_renamed_name_leaves_the_renamed_file_alone(make_world):
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="unlinking a never-uploaded file "
-                   "leaves S3 alone, but _local_delete hides the object of that key in every view")
 def test_dropping_a_local_file_keeps_the_object_of_its_key_in_other_views(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"object")        # untagged: shown in v, not in hot
@@ -1137,9 +1055,6 @@ def test_dropping_a_local_file_keeps_the_object_of_its_key_in_other_views(make_w
     run_trio(body, hot_and_v(make_world))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a rename over a cached file "
-                   "keeps the target's old cache entry (source not cached), and DataCache.fetch "
-                   "serves it within ttl despite the new ETag")
 def test_a_rename_over_a_cached_file_reads_the_moved_content(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"moved")
@@ -1152,9 +1067,6 @@ def test_a_rename_over_a_cached_file_reads_the_moved_content(make_world):
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="dropping a never-uploaded file "
-                   "records an overlay delete the handler can never confirm: another client's "
-                   "object of that key stays hidden until overlay_bound")
 def test_an_object_put_after_a_local_file_of_its_name_was_dropped_shows(make_world):
     async def body(w, clock):
         await w.start()
@@ -1169,9 +1081,6 @@ def test_an_object_put_after_a_local_file_of_its_name_was_dropped_shows(make_wor
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a rename through another view "
-                   "leaves the writing handle's node gone: its writes do not count and its close "
-                   "uploads nothing (the data waits for umount)")
 def test_a_file_renamed_through_another_view_is_uploaded_at_close(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"", tags={"stage": "hot"})
@@ -1186,8 +1095,6 @@ def test_a_file_renamed_through_another_view_is_uploaded_at_close(make_world):
     run_trio(body, hot_and_v(make_world))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a renamed directory takes the "
-                   "file it hides (Dir.shadow) along: the file does not show again")
 def test_a_file_hidden_by_a_directory_shows_when_the_directory_is_renamed(make_world):
     async def body(w, clock):
         await w.start()
@@ -1201,8 +1108,6 @@ def test_a_file_hidden_by_a_directory_shows_when_the_directory_is_renamed(make_w
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="_local_delete skips directory "
-                   "nodes: the deleted file hidden by a directory shows again after its rmdir")
 def test_a_file_hidden_by_a_directory_and_deleted_stays_deleted(make_world):
     async def body(w, clock):
         await w.start()
@@ -1218,9 +1123,6 @@ def test_a_file_hidden_by_a_directory_and_deleted_stays_deleted(make_world):
     run_trio(body, hot_and_v(make_world))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a rename of an object over a file "
-                   "being written keeps the replaced dirty copy (source not cached): reads and the "
-                   "umount upload use it")
 def test_a_rename_over_a_file_being_written_replaces_its_local_copy(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"moved")
@@ -1253,9 +1155,6 @@ def test_an_upload_of_earlier_content_is_not_undone_by_older_events(make_world):
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a rename re-keys the source's "
-                   "cached copy and labels it with the copy's ETag without checking it is that "
-                   "version: an older copy is then served as the new one")
 def test_a_renamed_object_reads_its_current_version(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"one")
@@ -1271,9 +1170,6 @@ def test_a_renamed_object_reads_its_current_version(make_world):
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a file renamed while written keeps "
-                   "its object's ETag on its node: its properties are read from a key with no "
-                   "object (ENOENT)")
 def test_a_file_renamed_while_written_lists_its_tags(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"object")
@@ -1286,14 +1182,12 @@ def test_a_file_renamed_while_written_lists_its_tags(make_world):
             names = await w.fs.listxattr(b.ino)
         except FsError as exc:
             names = exc
-        assert names == ["user.delvefs.etag", "user.delvefs.bucket", "user.delvefs.key"]
+        assert names == ["user.delvefs.etag", "user.delvefs.bucket", "user.delvefs.key",
+                         "user.delvefs.upload"]   # being written: not in S3 yet
         await w.close(fh)
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a file renamed over one renamed "
-                   "while written counts as overwriting an object (its node's ETag): its upload "
-                   "reads the tags of a key with no object and fails (ENOENT), every retry too")
 def test_a_rename_over_a_file_renamed_while_written_uploads_at_close(make_world):
     async def body(w, clock):
         w.add("v", "data/a", b"object")

@@ -26,15 +26,22 @@ def fuse_available() -> bool:
                                                                 capture_output=True).stdout)
 
 
-@pytest.fixture
-def handler(services, service_env, tmp_path):
+def started_handler(env: dict, state_dir: Path, **kwargs):
+    """A running handler subprocess on ``env``'s services; a test fails (CI) or skips
+    when it cannot start. The caller closes it."""
     from delvefs.devtools.handlerprocess import HandlerProcess
-    h = HandlerProcess(services.env(), tmp_path / "handler-state")
+    h = HandlerProcess(env, state_dir, **kwargs)
     try:
         h.start()
     except RuntimeError as exc:
         h.close()
         service_unavailable(f"event handler: {exc}")
+    return h
+
+
+@pytest.fixture
+def handler(services, service_env, tmp_path):
+    h = started_handler(services.env(), tmp_path / "handler-state")
     yield h
     h.close()
 
@@ -81,11 +88,53 @@ class Mounts:
         run = Path(self.env["DELVEFS_STATE_HOME"]) / "run" / f"{_key(str(mp))}.json"
         return json.loads(run.read_text())["pid"]
 
+    def kill(self, mp) -> None:
+        """SIGKILL the mount's daemon (a crash at any line) and detach the dead mount."""
+        import signal
+        from ..waiting import wait_until
+        os.kill(self.daemon_pid(mp), signal.SIGKILL)
+        wait_until(lambda: subprocess.run(["fusermount3", "-u", "-z", str(mp)],
+                                          capture_output=True).returncode == 0
+                   or mounted_fstype(str(mp)) is None, 10, "the dead mount is detached")
+        if str(mp) in self.mounted:
+            self.mounted.remove(str(mp))
+
     def cleanup(self) -> None:
         for mp in self.mounted:
             if mounted_fstype(mp) is not None:
                 if self.run("umount", mp).returncode != 0:
                     subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True)
+
+
+def private_stack(private_services, tmp_path: Path) -> "Mounts":
+    """Private MinIO + RabbitMQ (which a test may stop), a handler on them, a bucket wired
+    to it and mounts: ``.svc``, ``.s3``, ``.bucket``, ``.handler``. Close with
+    ``close_private_stack``."""
+    import uuid
+
+    from delvefs.shared import s3 as s3api
+    from delvefs.shared.config import S3Settings
+    if not fuse_available():
+        service_unavailable("/dev/fuse or fusermount3 missing")
+    svc = private_services()
+    env = svc.env()
+    h = started_handler(env, tmp_path / "own-handler")
+    client = s3api.make_client(S3Settings.from_env(env))
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    s3api.ensure_bucket(client, bucket)
+    s3api.wire_notifications(client, bucket, svc.minio.notify_arn)
+    m = Mounts(tmp_path, {**os.environ, **env, "DELVEFS_HANDLER_URL": h.url,
+                          "DELVEFS_HANDLER_TOKEN": h.token or "",
+                          "DELVEFS_STATE_HOME": str(tmp_path / "state")})
+    m.svc, m.s3, m.bucket, m.handler = svc, client, bucket, h
+    return m
+
+
+def close_private_stack(m: "Mounts") -> None:
+    if m.svc.minio.proc is None or m.svc.minio.proc.poll() is not None:
+        m.svc.minio.start()  # a test stopped it: the mounts upload what they kept
+    m.cleanup()
+    m.handler.close()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ dead-lettered; lazy scan; time-relative rules; API auth, paging, changes and res
 from __future__ import annotations
 
 import time
-import uuid
 
 import httpx
 import pytest
@@ -243,23 +242,35 @@ def test_new_view_on_tracked_bucket_is_built_from_stored_objects(handler, s3, bu
     assert r["metadata"] == {"color": "red"} and sorted(r["views"]) == sorted([ids["all"], ids2["red"]])
 
 
-def test_notify_command_wires_a_bucket(s3, service_env):
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_views_are_unregistered_forgotten_when_unused_and_logged(handler, s3, bucket):
+    """DELETE drops a registration (the last one forgets the view); a view no mount uses
+    for --view-ttl is forgotten; both are in the registration log; a forgotten view is
+    registered again like a new one, with its objects."""
+    h = handler(args=("--view-ttl", "1.5"))
+    ids = register(h, s3, {"used": spec(bucket, object="u/*"), "dropped": spec(bucket, object="d/*"),
+                           "idle": spec(bucket, object="i/*")})
+    s3.put_object(Bucket=bucket, Key="u/1", Body=b"x")
+    wait_until(lambda: h.keys(ids["used"]) == {"u/1"}, 10, "object known")
+    assert h.api.unregister(ids["dropped"]) == {"id": ids["dropped"], "forgotten": True}
+    assert h.api.unregister(ids["dropped"]) is None                     # 404: no such registration
+    assert h.http.get(f"/v1/views/{ids['dropped']}/objects").status_code == 404
 
-    from delvefs.shared.s3 import ensure_bucket
-    name = f"n-{uuid.uuid4().hex[:10]}"
-    ensure_bucket(s3, name)
-    out = subprocess.run([str(Path(sys.executable).parent / "delvefs"), "notify", name],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    conf = s3.get_bucket_notification_configuration(Bucket=name)["QueueConfigurations"]
-    assert conf[0]["QueueArn"] == service_env["DELVEFS_NOTIFY_ARN"]
-    assert set(conf[0]["Events"]) == {"s3:ObjectCreated:*", "s3:ObjectRemoved:*"}
-    bad = subprocess.run([str(Path(sys.executable).parent / "delvefs"), "notify", "no-such-bucket-x"],
-                         capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and "no-such-bucket-x" in bad.stderr
+    def log_ops():
+        return [(e["op"], e["id"]) for e in h.http.get("/v1/views/log").json()["entries"]]
+
+    def forgotten_idle():
+        h.keys(ids["used"])                                             # "used" stays in use
+        return ("forgotten", ids["idle"]) in log_ops()
+    wait_until(forgotten_idle, 20, "the idle view forgotten")
+    assert ids["used"] in {v["id"] for v in h.api.status()["views"]}
+    assert log_ops()[:4] == [("registered", ids["used"]), ("registered", ids["dropped"]),
+                             ("registered", ids["idle"]), ("forgotten", ids["dropped"])]
+    # its mount comes back: registering again builds it from the bucket's stored objects
+    s3.put_object(Bucket=bucket, Key="i/1", Body=b"x")
+    wait_until(lambda: h.keys(ids["used"]) == {"u/1"} and h.api.lookup(bucket, "i/1") is not None, 10,
+               "object known")
+    again = register(h, s3, {"idle": spec(bucket, object="i/*")})
+    assert again["idle"] == ids["idle"] and h.keys(ids["idle"]) == {"i/1"}
 
 
 def test_small_view_of_a_big_bucket_pages_correctly(handler, s3, bucket, publisher):

@@ -1,5 +1,5 @@
 """Kernel mounts made with ``delvefs mount`` against real MinIO, RabbitMQ and the real
-event handler (a subprocess): the read path of issue 5 and docs/SEMANTICS.md."""
+event handler (a subprocess): the read path of docs/SEMANTICS.md."""
 from __future__ import annotations
 
 import errno

@@ -1,4 +1,4 @@
-"""The write path (issue 6) through kernel mounts against real MinIO, RabbitMQ and the
+"""The write path through kernel mounts against real MinIO, RabbitMQ and the
 real event handler: round trips, tags, close-to-open, tmp + rename, renames, retagging,
 S3 outages, SIGKILL recovery and umount with dirty files."""
 from __future__ import annotations
@@ -9,15 +9,14 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 
 import pytest
 
 from delvefs.client.mount import mounted_fstype
 
-from ..conftest import service_unavailable
 from ..waiting import wait_until
-from .mounts import CHANGE_TIMEOUT, Mounts, data_views, fuse_available, handler, listdir, mounts, put  # noqa: F401
+from .mounts import (CHANGE_TIMEOUT, close_private_stack, data_views, handler, listdir,  # noqa: F401
+                     mounts, private_stack, put)
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
@@ -222,32 +221,9 @@ def test_permissions_checked_by_the_mount(mounts, s3, bucket):
 @pytest.fixture
 def own(private_services, tmp_path):
     """Private MinIO + RabbitMQ, a handler on them, and mounts (MinIO may be stopped)."""
-    if not fuse_available():
-        service_unavailable("/dev/fuse or fusermount3 missing")
-    from delvefs.shared import s3 as s3api
-    from delvefs.shared.config import S3Settings
-    from delvefs.devtools.handlerprocess import HandlerProcess
-    svc = private_services()
-    env = svc.env()
-    h = HandlerProcess(env, tmp_path / "own-handler")
-    try:
-        h.start()
-    except RuntimeError as exc:
-        h.close()
-        service_unavailable(f"event handler: {exc}")
-    client = s3api.make_client(S3Settings.from_env(env))
-    bucket = f"t-{uuid.uuid4().hex[:12]}"
-    s3api.ensure_bucket(client, bucket)
-    s3api.wire_notifications(client, bucket, svc.minio.notify_arn)
-    m = Mounts(tmp_path, {**os.environ, **env, "DELVEFS_HANDLER_URL": h.url,
-                          "DELVEFS_HANDLER_TOKEN": h.token or "",
-                          "DELVEFS_STATE_HOME": str(tmp_path / "state")})
-    m.svc, m.s3, m.bucket = svc, client, bucket
+    m = private_stack(private_services, tmp_path)
     yield m
-    if svc.minio.proc is None or svc.minio.proc.poll() is not None:
-        svc.minio.start()
-    m.cleanup()
-    h.close()
+    close_private_stack(m)
 
 
 def listed(mp) -> None:

@@ -1,4 +1,4 @@
-"""The write path's errors and large renames (issue 6) through kernel mounts against real
+"""The write path's errors and large renames through kernel mounts against real
 MinIO, RabbitMQ and the real event handler: S3 refusing a mount's requests (AccessDenied,
 with temporary credentials from STS AssumeRole and an inline session policy) is EACCES
 with one log line naming the object; a cache directory without room gives the errno, the

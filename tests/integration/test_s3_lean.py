@@ -1,7 +1,8 @@
 """``S3Store`` with ``s3.LeanClient`` (DeleteObject, HeadObject, small PutObject
 without botocore) against real MinIO: keys, tags and content type as boto3 writes them,
 and errors mapped as for botocore's (missing → ENOENT, AccessDenied → EACCES, an
-unreachable or silent endpoint → EIO after bounded retries, never a hang)."""
+unreachable or silent endpoint → EIO after bounded retries, never a hang). The event
+handler's ``BucketReader`` with a LeanClient reads tags and metadata as with boto3."""
 from __future__ import annotations
 
 import errno
@@ -98,3 +99,48 @@ async def test_unreachable_and_silent_endpoints_are_eio_in_bounded_time(service_
             store.close()
     finally:
         silent.close()
+
+
+# tag keys and values MinIO stores: spaces, + and =, : / @ (this MinIO refuses what AWS's
+# rules refuse — '&', '<', '>', quotes — and non-ASCII letters: tests/unit/test_s3_lean.py
+# parses those, escaped, against botocore's parser)
+SPECIAL_TAGS = {"a b": "c d", "plus+": "1+1=2", "k=v": "", "s3:q/@": "_.-", "UPPER lower": "x y z"}
+
+
+async def test_handler_reader_reads_tags_and_metadata_like_boto3(s3, bucket, service_env):
+    settings = S3Settings.from_env(service_env)
+    lean = s3api.BucketReader.from_settings(settings)
+    boto = s3api.BucketReader(lambda: s3api.make_client(settings))
+    assert lean._lean is not None and boto._lean is None
+    s3.put_object(Bucket=bucket, Key="bare", Body=b"b")
+    s3.put_object(Bucket=bucket, Key="meta", Body=b"m", Metadata={"Kind": "K1", "x-y": "z"})
+    for key in KEYS:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"t")
+        s3.put_object_tagging(Bucket=bucket, Key=key, Tagging={
+            "TagSet": [{"Key": k, "Value": v} for k, v in SPECIAL_TAGS.items()]})
+    for key in KEYS:
+        assert lean.tags(bucket, key) == boto.tags(bucket, key) == SPECIAL_TAGS
+    assert lean.tags(bucket, "bare") == boto.tags(bucket, "bare") == {}      # an empty tag set
+    assert lean.tags(bucket, "gone") is boto.tags(bucket, "gone") is None    # no such object
+    assert lean.metadata(bucket, "meta") == boto.metadata(bucket, "meta") == {"kind": "K1", "x-y": "z"}
+    assert lean.metadata(bucket, "bare") == boto.metadata(bucket, "bare") == {}
+    assert lean.metadata(bucket, "gone") is boto.metadata(bucket, "gone") is None
+    assert lean._client is None                          # boto3 was never made for them
+    for reader in (lean, boto):                          # a missing bucket is an error, not "gone"
+        with pytest.raises(Exception) as e:
+            reader.tags("no-such-bucket-here", "k")
+        assert s3api.error_code(e.value) == "NoSuchBucket"
+
+
+async def test_handler_reader_with_wrong_credentials_fails_as_boto3(s3, bucket, service_env):
+    s3.put_object(Bucket=bucket, Key="k", Body=b"k", Tagging="kind=k1")
+    env = service_env
+    for access, secret in ((env["AWS_ACCESS_KEY_ID"], "wrong-secret"), ("no-such-user", "wrong-secret")):
+        settings = S3Settings(env["AWS_ENDPOINT_URL"], access, secret, env["AWS_REGION"])
+        codes = []
+        for reader in (s3api.BucketReader.from_settings(settings),
+                       s3api.BucketReader(lambda: s3api.make_client(settings, retries=1))):
+            with pytest.raises(Exception) as e:
+                reader.tags(bucket, "k")
+            codes.append(s3api.error_code(e.value))
+        assert codes[0] == codes[1] in ("SignatureDoesNotMatch", "InvalidAccessKeyId"), codes

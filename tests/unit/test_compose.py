@@ -102,3 +102,38 @@ def test_volumes_and_health_checks(compose):
                 assert source in declared, f"{name}: {source}"
     for name in ("rabbitmq", "minio", "handler"):
         assert "healthcheck" in compose["services"][name], name
+
+
+DEMO_DOC = COMPOSE_DIR.parent / "docs" / "DEMO.md"
+RUN_COMMAND = "docker compose run --build --rm publisher"
+
+
+def test_the_documented_command_runs_the_demo_to_its_end(compose):
+    """`up --exit-code-from` implies --abort-on-container-exit: the stack would stop when
+    the one-shot `init` exits. `run publisher` starts its dependencies (each ready first)
+    and exits with the publisher's status."""
+    for text in (DEMO_DOC.read_text(), COMPOSE_FILE.read_text()):
+        assert RUN_COMMAND in text
+        assert "up --build --exit-code-from" not in text
+    services = compose["services"]
+    assert services["init"].get("restart", "no") == "no"
+    publisher = services["publisher"]["depends_on"]
+    assert publisher["init"]["condition"] == "service_completed_successfully"
+    for name, service in services.items():
+        if name.startswith("subscriber-"):
+            assert publisher[name]["condition"] == "service_healthy", name
+            assert "healthcheck" in service, name
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context():
+    ignored = (COMPOSE_DIR.parent / ".dockerignore").read_text().split()
+    for entry in (".git", ".venv", "**/__pycache__", "*.egg-info"):
+        assert entry in ignored, entry
+
+
+def test_license_matches_the_package_metadata():
+    import tomllib
+    root = COMPOSE_DIR.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and "LICENSE" in project["license-files"]
+    assert (root / "LICENSE").read_text().startswith("MIT License")

@@ -1,8 +1,10 @@
-"""The handler's engine on a real LevelDB with a fake of its S3 reader: failed tag
-fetches are retried by a reconcile; listings read only the view's members (the membership
-index) and always equal a full read of the object records."""
+"""The handler's engine on a real LevelDB with a fake of its S3 reader: tags are asked for
+only when they can change an answer; failed tag fetches are retried by a reconcile;
+listings read only the view's members (the membership index) and always equal a full read
+of the object records."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import datetime, timezone
@@ -16,7 +18,9 @@ from eventhandler import statedb as st
 from eventhandler.engine import Engine
 from eventhandler.events import make_message, parse_message
 from eventhandler.metrics import Metrics
+from rulesets import View
 from delvefs.devtools.handlerprocess import spec
+from tests.unit import test_rulesets_native as native
 from tests.waiting import wait_until
 
 DATE = "Sat, 21 Nov 2026 06:00:00 GMT"
@@ -34,6 +38,8 @@ class FakeBucketReader:
         self.tag_failures = 0  # the next n tag fetches fail
         self.list_failures = 0  # the next n listing requests (pages or the clock probe) fail
         self.tag_calls = 0
+        self.tagged_keys: list[str] = []  # the keys of every tag request, in order
+        self.head_calls = 0
         self.lock = threading.Lock()
 
     def _listing_request(self) -> None:
@@ -53,6 +59,7 @@ class FakeBucketReader:
     def tags(self, bucket, key):
         with self.lock:
             self.tag_calls += 1
+            self.tagged_keys.append(key)
             if self.tag_failures > 0:
                 self.tag_failures -= 1
                 raise S3Unavailable("SlowDown: try later")
@@ -61,7 +68,9 @@ class FakeBucketReader:
         return dict(self.objects[key]["tags"])
 
     def metadata(self, bucket, key):
-        return {} if key in self.objects else None
+        with self.lock:
+            self.head_calls += 1
+        return dict(self.objects[key].get("metadata", {})) if key in self.objects else None
 
 
 @pytest.fixture
@@ -154,7 +163,14 @@ def assert_index_matches_records(eng, bucket="b"):
              for k, v in eng.store.iter_members(bucket, [g])}
     expected = {(r[records.OBJ_SLOTS], k): [r[records.OBJ_SIZE], r[records.OBJ_MTIME], r[records.OBJ_ETAG]]
                 for k, r in eng.store.iter_objects(bucket) if r[records.OBJ_SLOTS]}
-    assert index == expected
+    assert {gk: v[:3] for gk, v in index.items()} == expected
+    for (g, k), v in index.items():  # props: the values of the names its group's views list
+        names = eng.matcher.listed_property_names(records.slots_of(g))
+        rec = eng.store.get_object(bucket, k)
+        if not names:
+            assert len(v) == 3
+        elif records.is_settled(rec):
+            assert v[3] == records.listed_properties(rec, names)
     assert set(eng.store.member_groups(bucket)) <= eng.buckets[bucket].groups
 
 
@@ -353,3 +369,348 @@ def test_a_failed_first_scan_is_retried_until_the_bucket_is_ready(engine):
     assert keys(engine, info) == ["k"]
     assert engine.fake.list_failures == 0 and engine.buckets["b"].scan_error is None
     assert engine.metrics.scan_failures._value.get() >= 1
+
+
+# ---- tags only when they can change an answer -------------------------------------------------
+
+# the views and objects of the matcher's property-based tests, on the one bucket "b"
+def registrable(view) -> bool:
+    try:
+        View.from_filter_spec(view.name, view.filter_spec())
+    except ValueError:  # e.g. a block whose only rule is `object: ""`
+        return False
+    return True
+
+
+def native_views():
+    return native.views().map(lambda view: dataclasses.replace(view, bucket="b")).filter(registrable)
+
+
+native_keys = native.keys
+native_sizes = native.sizes
+native_tag_sets = st_h.dictionaries(native.cased_names, native.values, max_size=3)
+native_meta_sets = st_h.dictionaries(native.prop_names, native.values, max_size=2)
+
+OLD = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def create(key, seq, metadata=None, size=1):
+    return parse_message(make_message("s3:ObjectCreated:Put", "b", key, seq, size=size, etag=f"e{seq}",
+                                      metadata=metadata)[0])
+
+
+def put_object(eng, key, seq, tags=None, metadata=None, size=1):
+    """An object in the fake store and its create event, applied."""
+    eng.fake.objects[key] = {"Size": size, "ETag": f"e{seq}", "LastModified": OLD, "tags": tags or {},
+                             "metadata": metadata or {}}
+    eng.apply_events(create(key, seq, metadata, size))
+
+
+def settled(eng):
+    wait_until(lambda: not eng.store.has_pending_tags("b"), 10, "no tag fetch owed")
+
+
+def test_property_rule_the_metadata_satisfies_needs_no_tags(engine):
+    (out,) = engine.register([("k", spec("b", properties={"kind": ["k*"]}))])
+    info = ready(engine, out["id"])
+    seq = int(OLD.timestamp() * 1e9)
+    put_object(engine, "by-meta", seq, metadata={"kind": "kx"})           # decided by metadata
+    put_object(engine, "by-tags", seq + 1, tags={"kind": "ky"})           # only the tags can tell
+    put_object(engine, "neither", seq + 2, tags={"kind": "z"}, metadata={"kind": "z"})
+    settled(engine)
+    assert keys(engine, info) == ["by-meta", "by-tags"]
+    assert sorted(engine.fake.tagged_keys) == ["by-tags", "neither"]
+    assert engine.metrics.tag_fetches._value.get() == 2
+    assert engine.fake.head_calls == 0                                    # events carry the metadata
+    assert_index_matches_records(engine)
+
+
+def props_of(eng, info, **kw):
+    return {o["key"]: o["properties"] for o in eng.list_view(info, None, 5000)["objects"]}
+
+
+def test_views_listing_property_values_carry_them_and_log_their_changes(engine):
+    """A view with ``layout_by`` lists each member's values (tag, else metadata; names
+    lowercase) and logs a retag as a put; tags and metadata are read for its members only,
+    and views without it list and log as before."""
+    outs = engine.register([("by", spec("b", object="runs/*", layout_by=["sample", "lane"])),
+                            ("plain", spec("b", object="runs/*")),
+                            ("other", spec("b", object="other/*"))])
+    by, plain, other = (ready(engine, o["id"]) for o in outs)
+    assert by.id != plain.id
+    seq = int(OLD.timestamp() * 1e9)
+    put_object(engine, "runs/a", seq, tags={"Sample": "S1", "lane": "2"})
+    put_object(engine, "runs/b", seq + 1, tags={"sample": "S1"}, metadata={"lane": "3", "x": "y"})
+    put_object(engine, "other/c", seq + 2, tags={"sample": "S9"})
+    # a listed object (no metadata in a listing): its metadata is read with its tags
+    engine.fake.objects["runs/listed"] = {"Size": 1, "ETag": "l", "LastModified": OLD,
+                                          "tags": {"lane": "1"}, "metadata": {"sample": "S2"}}
+    engine.reconcile("b")
+    settled(engine)
+    assert props_of(engine, by) == {"runs/a": {"sample": "S1", "lane": "2"},
+                                    "runs/b": {"sample": "S1", "lane": "3"},
+                                    "runs/listed": {"sample": "S2", "lane": "1"}}
+    assert sorted(engine.fake.tagged_keys) == ["runs/a", "runs/b", "runs/listed"]  # not other/c
+    assert engine.fake.head_calls == 1                                  # the listed one only
+    assert all("properties" not in o for o in engine.list_view(plain, None, 100)["objects"])
+    assert keys(engine, other) == ["other/c"]
+    assert_index_matches_records(engine)
+    # a retag that changes a value: a put change of the view, with the new values; nothing
+    # for views without layout_by (nothing they show changed)
+    v0 = engine.buckets["b"].committed
+    engine.fake.objects["runs/a"]["tags"] = {"sample": "S2", "lane": "2"}
+    engine.apply_events(parse_message(make_message("s3:ObjectCreated:PutTagging", "b", "runs/a", seq)[0]))
+    wait_until(lambda: engine.changes(by, v0, 100)["changes"], 10, "the retag logged")
+    settled(engine)
+    (change,) = engine.changes(by, v0, 100)["changes"]
+    assert change["op"] == "put" and change["object"]["properties"] == {"sample": "S2", "lane": "2"}
+    (plain_change,) = engine.changes(plain, v0, 100)["changes"]
+    assert "properties" not in plain_change["object"]
+    assert props_of(engine, by)["runs/a"] == {"sample": "S2", "lane": "2"}
+    # a retag of a tag no view lists changes nothing
+    v1 = engine.buckets["b"].committed
+    engine.fake.objects["runs/a"]["tags"] = {"sample": "S2", "lane": "2", "note": "n"}
+    engine.apply_events(parse_message(make_message("s3:ObjectCreated:PutTagging", "b", "runs/a", seq)[0]))
+    wait_until(lambda: engine.fake.tagged_keys.count("runs/a") == 3, 10, "the retag fetched")
+    settled(engine)
+    assert engine.changes(by, v1, 100)["changes"] == []
+    # an overwrite with other metadata, same size: its values follow; while its tags are
+    # fetched the entries keep the values they had
+    put_object(engine, "runs/b", seq + 10, tags={"sample": "S1"}, metadata={"lane": "4"})
+    settled(engine)
+    assert props_of(engine, by)["runs/b"] == {"sample": "S1", "lane": "4"}
+    assert engine.changes(by, v1, 100)["changes"][-1]["object"]["properties"] == {"sample": "S1", "lane": "4"}
+    assert_index_matches_records(engine)
+    # the layout view forgotten: its members' entries lose the props
+    with engine.lock:
+        engine._forget(by, None, "test")
+    wait_until(lambda: not engine._clearing, 10, "slot cleared")
+    assert_index_matches_records(engine)
+
+
+def test_tags_are_asked_for_only_objects_that_pass_every_other_rule(engine):
+    outs = engine.register([("bams", spec("b", object="*.bam", size=[10, None], tags={"stage": ["raw"]})),
+                            ("any", spec("b", object="x/*", any=[{"tags": {"a": ["1"]}}, {"size": [0, 5]}])),
+                            ("not", spec("b", object="y/*", **{"not": [{"tags": {"a": ["1"]}}]}))])
+    bams, any_view, not_view = (ready(engine, o["id"]) for o in outs)
+    seq = int(OLD.timestamp() * 1e9)
+    put_object(engine, "a.txt", seq, tags={"stage": "raw"}, size=20)      # object rule fails
+    put_object(engine, "small.bam", seq + 1, tags={"stage": "raw"}, size=5)  # size rule fails
+    put_object(engine, "big.bam", seq + 2, tags={"stage": "raw"}, size=20)
+    put_object(engine, "x/small", seq + 3, size=1)                         # `any` holds by its size
+    put_object(engine, "x/big", seq + 4, tags={"a": "1"}, size=50)
+    put_object(engine, "y/k", seq + 5, tags={"a": "2"})
+    settled(engine)
+    assert sorted(engine.fake.tagged_keys) == ["big.bam", "x/big", "y/k"]
+    assert keys(engine, bams) == ["big.bam"]
+    assert keys(engine, any_view) == ["x/big", "x/small"]
+    assert keys(engine, not_view) == ["y/k"]
+
+
+def test_views_without_tag_rules_never_cause_a_tag_request(engine):
+    outs = engine.register([("meta", spec("b", metadata={"kind": ["k*"]})),
+                            ("plain", spec("b", object="*.bam"))])
+    meta, plain = (ready(engine, o["id"]) for o in outs)
+    seq = int(OLD.timestamp() * 1e9)
+    put_object(engine, "a.bam", seq, tags={"kind": "k1"}, metadata={"kind": "k1"})
+    put_object(engine, "b.bam", seq + 1, tags={"kind": "k1"})
+    engine.apply_events(parse_message(make_message("s3:ObjectCreated:PutTagging", "b", "a.bam", seq)[0]))
+    # a listing (which carries no metadata) reads the metadata, never the tags
+    engine.fake.objects["listed"] = {"Size": 1, "ETag": "l", "LastModified": OLD, "tags": {"kind": "k2"},
+                                     "metadata": {"kind": "k2"}}
+    engine.reconcile("b")
+    settled(engine)
+    assert engine.fake.tagged_keys == [] and engine.metrics.tag_fetches._value.get() == 0
+    assert keys(engine, meta) == ["a.bam", "listed"] and keys(engine, plain) == ["a.bam", "b.bam"]
+    assert engine.fake.head_calls == 1
+
+
+def test_a_retag_is_fetched_only_when_the_tags_can_matter(engine):
+    (out,) = engine.register([("raw", spec("b", object="*.bam", tags={"stage": ["raw"]}))])
+    info = ready(engine, out["id"])
+    seq = int(OLD.timestamp() * 1e9)
+    put_object(engine, "a.bam", seq, tags={"stage": "raw"})
+    put_object(engine, "a.txt", seq + 1, tags={"stage": "raw"})
+    settled(engine)
+    assert engine.fake.tagged_keys == ["a.bam"]
+    engine.fake.objects["a.bam"]["tags"] = engine.fake.objects["a.txt"]["tags"] = {"stage": "done"}
+    for key, s in (("a.bam", seq), ("a.txt", seq + 1)):
+        engine.apply_events(parse_message(make_message("s3:ObjectCreated:PutTagging", "b", key, s)[0]))
+    wait_until(lambda: keys(engine, info) == [], 10, "the retag moved a.bam out")
+    assert engine.fake.tagged_keys == ["a.bam", "a.bam"]
+
+
+def test_a_new_view_fetches_the_tags_it_needs_that_were_never_fetched(engine):
+    (first,) = engine.register([("meta", spec("b", metadata={"kind": ["k*"]}))])
+    ready(engine, first["id"])
+    seq = int(OLD.timestamp() * 1e9)
+    put_object(engine, "a", seq, tags={"stage": "raw"}, metadata={"kind": "k1"})
+    put_object(engine, "b", seq + 1, tags={"stage": "raw"})
+    put_object(engine, "c.txt", seq + 2, tags={"stage": "raw"})
+    settled(engine)
+    assert engine.fake.tagged_keys == []
+    (second,) = engine.register([("raw", spec("b", object="[ab]", tags={"stage": ["raw"]}))])
+    info = ready(engine, second["id"])               # ready once the tags it needs are in
+    assert keys(engine, info) == ["a", "b"]
+    assert sorted(engine.fake.tagged_keys) == ["a", "b"]
+
+
+def test_tags_that_cannot_matter_yet_are_fetched_when_time_makes_them_matter(engine):
+    """A view on old objects with a tag rule: a young object's tags cannot matter until it
+    is old enough; then (a time flip) they are fetched and it joins."""
+    (out,) = engine.register([("old_raw", spec("b", modified={"kind": "age", "lo": 0.5},
+                                               tags={"stage": ["raw"]}))])
+    info = ready(engine, out["id"])
+    put_object(engine, "young", time.time_ns(), tags={"stage": "raw"})
+    assert engine.fake.tagged_keys == [] and keys(engine, info) == []
+    wait_until(lambda: keys(engine, info) == ["young"], 10, "the object grew old and its tags were read")
+    assert engine.fake.tagged_keys == ["young"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(view_list=st_h.lists(native_views(), min_size=1, max_size=5),
+       objs=st_h.dictionaries(native_keys.filter(bool),
+                              st_h.tuples(native_sizes, native_tag_sets, native_meta_sets), min_size=1, max_size=6))
+def test_tags_are_fetched_exactly_when_the_reference_leaves_an_answer_open(tmp_path_factory, view_list, objs):
+    """Random views (any/not, braces, comparisons, tags/metadata/properties rules) and
+    objects: the engine asks for an object's tags iff the reference's partial answer (tags
+    unknown, metadata from the event) leaves some view undecided, and every object ends in
+    exactly the views the reference gives it with its tags."""
+    from rulesets import ObjectInfo, reference
+
+    fake = FakeBucketReader()
+    store = st.Store(str(tmp_path_factory.mktemp("db") / "db"))
+    eng = Engine(store, Metrics(), s3=fake, s3_workers=2, job_workers=1)
+    eng.fake = fake
+    eng.start()
+    try:
+        outs = eng.register([(f"v{i}", view.filter_spec()) for i, view in enumerate(view_list)])
+        for o in outs:
+            ready(eng, o["id"])
+        seq = int(OLD.timestamp() * 1e9)
+        for i, (key, (size, tags, meta)) in enumerate(sorted(objs.items())):
+            put_object(eng, key, seq + i, tags=tags, metadata=meta, size=size)
+        settled(eng)
+        now = time.time()
+        expected_fetches = []
+        for i, (key, (size, tags, meta)) in enumerate(sorted(objs.items())):
+            mtime = (seq + i) / 1e9
+            meta = {k.lower(): v for k, v in meta.items()}  # as the event carries it
+            partial = reference.match_partial(view_list, ObjectInfo("b", key, size, mtime, None, {}, meta), now)
+            if partial[1]:
+                expected_fetches.append(key)
+            full = reference.match(view_list, ObjectInfo("b", key, size, mtime, None, tags, meta), now)
+            assert eng.lookup("b", key)["views"] == sorted({outs[v]["id"] for v in full},
+                                                           key=lambda vid: eng.views_by_id[vid].slot), key
+        assert sorted(fake.tagged_keys) == expected_fetches
+    finally:
+        eng.close()
+        store.close()
+
+
+# ---- views that live: unregistering, forgetting, reusing slots ---------------------------------
+
+def test_unregister_drops_one_principals_registration_and_the_last_forgets_the_view(engine):
+    (a,) = engine.register([("x", spec("b", object="x/*"))], principal="alice")
+    (b,) = engine.register([("y", spec("b", object="x/*"))], principal="bob")
+    assert a["id"] == b["id"]
+    assert engine.unregister(a["id"], "mallory") is None          # holds no registration
+    assert engine.unregister(a["id"], "alice") is False           # bob still has it
+    assert a["id"] in engine.views_by_id
+    assert engine.unregister(a["id"], "alice") is None
+    assert engine.unregister(a["id"], "bob") is True
+    assert a["id"] not in engine.views_by_id and engine.lookup("b", "x/1") is None
+    log = [(e["op"], e["principal"]) for e in engine.view_log()]
+    assert log == [("registered", "alice"), ("registered", "bob"), ("unregistered", "alice"),
+                   ("forgotten", "bob")]
+    assert [e["n"] for e in engine.view_log(after=2)] == [3, 4]
+
+
+def test_a_forgotten_views_slot_is_reused_only_after_its_members_were_cleared(engine):
+    old, keep = engine.register([("old", spec("b", object="a/*")), ("keep", spec("b", object="*"))])
+    old_info, keep_info = ready(engine, old["id"]), ready(engine, keep["id"])
+    seq = int(OLD.timestamp() * 1e9)
+    events = []
+    for i in range(2500):  # more than one chunk of the clearing
+        events += create(f"a/{i:04d}", seq + i)
+    engine.apply_events(events + create("b/1", seq + 3000))
+    engine.apply_events(parse_message(make_message("s3:ObjectRemoved:Delete", "b", "a/0000", seq + 4000)[0]))
+    assert len(keys(engine, old_info)) == 2499
+    slot = old_info.slot
+    gate = threading.Event()
+    real_clear = engine._clear_slot
+
+    def gated_clear(*args):
+        assert gate.wait(10)
+        return real_clear(*args)
+    engine._clear_slot = gated_clear
+    with engine.lock:
+        engine._forget(old_info, None, "test")
+    # while the slot is being cleared, a new view gets another slot
+    (new,) = engine.register([("new", spec("b", object="b/*"))])
+    assert engine.views_by_id[new["id"]].slot != slot
+    gate.set()
+    wait_until(lambda: slot in engine._free_slots, 10, "the slot cleared")
+    ready(engine, new["id"])  # its rematch done too
+    for key, rec in engine.store.iter_objects("b"):
+        assert not records.bits_has(rec[records.OBJ_SLOTS], slot), key
+        assert not records.bits_has(rec[records.OBJ_EVER], slot), key
+    assert_index_matches_records(engine)
+    assert records.unpackb(engine.store.get_raw(records.k_freeing(slot)) or records.packb(None)) is None
+    # the next view takes the cleared slot and inherits none of the old members
+    (reused,) = engine.register([("reused", spec("b", object="b/*", size=[0, 5]))])
+    info = ready(engine, reused["id"])
+    assert info.slot == slot
+    assert keys(engine, info) == ["b/1"] and len(keys(engine, keep_info)) == 2500
+    since = engine.list_view(info, None, 10)["version"]
+    engine.apply_events(create("a/0001", seq + 5000) + create("b/2", seq + 5001))
+    assert [(c["op"], c["key"]) for c in engine.changes(info, since, 100)["changes"]] == [("put", "b/2")]
+    assert_index_matches_records(engine)
+
+
+def test_a_restart_during_the_clearing_resumes_it(tmp_path):
+    fake = FakeBucketReader()
+    store = st.Store(str(tmp_path / "db"))
+    eng = Engine(store, Metrics(), s3=fake, s3_workers=1, job_workers=1)
+    eng.start()
+    (out,) = eng.register([("all", spec("b"))])
+    info = ready(eng, out["id"])
+    eng.apply_events(create("k", int(OLD.timestamp() * 1e9)))
+    eng._clear_slot = lambda *args: 0   # the process dies before clearing anything
+    with eng.lock:
+        eng._forget(info, None, "test")
+    eng.close()
+    store.close()
+    store = st.Store(str(tmp_path / "db"))
+    eng = Engine(store, Metrics(), s3=fake, s3_workers=1, job_workers=1)
+    try:
+        assert eng._clearing == {0: "b"} and not eng._free_slots and eng.views_by_id == {}
+        eng.start()
+        wait_until(lambda: eng._free_slots == {0}, 10, "the clearing resumed and finished")
+        assert store.get_object("b", "k")[records.OBJ_SLOTS] == b""
+        assert store.get_object("b", "k")[records.OBJ_EVER] == b""
+        assert [e["op"] for e in eng.view_log()] == ["registered", "forgotten"]
+    finally:
+        eng.close()
+        store.close()
+
+
+def test_views_no_mount_used_for_the_ttl_are_forgotten(engine):
+    engine.view_ttl = 100.0
+    used, unused = engine.register([("used", spec("b", object="u/*")), ("unused", spec("b", object="n/*"))],
+                                   principal="alice")
+    t0 = time.time()
+    engine.views_by_id[unused["id"]].used = t0 - 60          # registered a minute ago, never used
+    engine.touch(engine.views_by_id[used["id"]])
+    assert engine.sweep_views(t0 + 30) == []
+    engine.touch_covered("alice", "b", "u/")                 # a renewed proof covers "used" only
+    later = engine.views_by_id[used["id"]].used
+    assert engine.sweep_views(later + 99, grace=1e9) == []   # just after a start: nothing yet
+    assert engine.sweep_views(later + 99) == [unused["id"]]
+    assert engine.view_log()[-1]["op"] == "forgotten" and "no mount used it" in engine.view_log()[-1]["reason"]
+    # used times are kept in the records (restarts count from them) once they moved on enough
+    info = engine.views_by_id[used["id"]]
+    info.used = later + 20
+    assert engine.sweep_views(later + 21) == []
+    rec = records.unpack_view(engine.store.get_raw(records.k_view(used["id"])))
+    assert rec["used"] == later + 20 and rec["principals"].keys() == {"alice"}

@@ -183,12 +183,17 @@ def test_object_records_keep_their_membership_history():
     assert records.is_deleted(gone) and not records.is_settled(gone) and records.seq_of(gone) == 7
     assert gone[records.OBJ_SLOTS] == b"\x01" and records.change_version(gone) == 42
     assert records.tombstone(7, None)[records.OBJ_EVER] == b""
-    pending = records.with_tags_pending(prev)
-    assert records.is_tags_pending(pending) and not records.is_tags_pending(prev)  # a copy
-    tagged = records.with_tags(pending, None, None)
-    assert tagged[records.OBJ_TAGS] == {} and tagged[records.OBJ_META] == {} and records.is_settled(tagged)
-    assert records.is_tags_pending(records.to_match_again(records.new_object(1, 1, 1.0, "e", None, None), True))
-    assert not records.is_tags_pending(records.to_match_again(prev, True))
+    retagged = records.with_tags_unknown(prev)
+    assert records.tags_unknown(retagged) and prev[records.OBJ_TAGS] == {"t": "1"}  # a copy
+    pending = records.new_object(5, 1, 1.0, "e", None, None, records.TAGS_PENDING)
+    tagged = records.with_tags(pending, {"t": "2"}, None)
+    assert tagged[records.OBJ_TAGS] == {"t": "2"} and tagged[records.OBJ_META] == {} and records.is_settled(tagged)
+    # tags not fetched (they could not change an answer) stay unknown, the metadata is in
+    meta_only = records.with_tags(pending, None, {"m": "x"})
+    assert records.tags_unknown(meta_only) and meta_only[records.OBJ_META] == {"m": "x"}
+    assert records.is_settled(meta_only) and records.is_tags_pending(pending)
+    again = records.to_match_again(prev)
+    assert again == prev and again is not prev
     # a change entry: put for the views in slots, delete for those only in ever
     gone[records.OBJ_SLOTS] = b""
     entry = records.unpackb(records.pack_change("k", gone))
@@ -203,3 +208,25 @@ def test_object_records_keep_their_membership_history():
     assert [getattr(back, f) for f in Event.__slots__] == [getattr(ev, f) for f in Event.__slots__]
     assert records.unpack_bucket(records.packb({"state": "ready", "version": 3})) == {
         "state": "ready", "version": 3, "tags": False, "scanned": 0.0, "purged": 0}
+
+
+def test_notify_merges_its_own_rule_into_the_configuration():
+    from delvefs.shared.s3 import merged_notifications
+    other_queue = {"Id": "theirs", "QueueArn": "arn:aws:sqs:us-east-1:1:q", "Events": ["s3:ObjectRemoved:*"]}
+    topic = {"Id": "delvefs-topic", "TopicArn": "arn:aws:sns:us-east-1:1:t", "Events": ["s3:ObjectCreated:*"]}
+    current = {"QueueConfigurations": [other_queue, {"Id": "delvefs", "QueueArn": "old", "Events": []}],
+               "TopicConfigurations": [topic], "EventBridgeConfiguration": {},
+               "ResponseMetadata": {"HTTPStatusCode": 200}}
+    ours = {"Id": "delvefs", "QueueArn": "arn:minio:sqs::PRIMARY:amqp",
+            "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}
+    assert merged_notifications(current, "arn:minio:sqs::PRIMARY:amqp") == {
+        "QueueConfigurations": [other_queue, ours], "TopicConfigurations": [topic],
+        "EventBridgeConfiguration": {}}
+    assert merged_notifications(current, None) == {
+        "QueueConfigurations": [other_queue], "TopicConfigurations": [topic], "EventBridgeConfiguration": {}}
+    assert merged_notifications({}, None) == {}
+    # the ARN's service picks the kind of rule; a rule of ours elsewhere moves
+    sns = merged_notifications(current, "arn:aws:sns:us-east-1:1:mine")
+    assert sns["QueueConfigurations"] == [other_queue]
+    assert sns["TopicConfigurations"][-1] == {"Id": "delvefs", "TopicArn": "arn:aws:sns:us-east-1:1:mine",
+                                              "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}

@@ -70,3 +70,9 @@ def test_merge_key_example_shares_rules():
     raw, raw_bams = parse_views(body, "views.yaml")
     assert raw_bams.bucket == "runs" and raw_bams.properties == {"stage": ("raw",)}
     assert raw_bams.object == "*.bam" and raw.object is None
+
+
+def test_layout_by_example():
+    body = next(body for info, body in blocks() if info == "yaml" and "by_sample:" in body)
+    (view,) = parse_views(body, "views.yaml")
+    assert (view.layout, view.layout_by, view.root) == ("flat", ("sample", "lane"), "fastq/")

@@ -118,7 +118,7 @@ def test_every_problem_is_reported_at_once_with_its_place():
         "views.yaml:10:5: duplicate property 'Color' (first at line 9; names are compared "
         "case-insensitively): a key may appear once; to accept several values write a list: "
         "color: [black, green]",
-        "views.yaml:11:11: unknown layout 'tre'; allowed: tree, flat",
+        "views.yaml:11:11: unknown layout 'tre'; allowed: tree, flat, or {by: [property, ...]}",
         "views.yaml:12:1: view 'nobucket' has no `bucket`; every view needs one (the name of an S3 "
         "bucket, such as 'runs')",
     ]
@@ -303,3 +303,45 @@ def test_values_that_are_not_comparisons_stay_globs():
     """)
     assert view.properties == {"a": ("a..b",), "b": ("1 .. x",), "c": ("=3",), "d": ("3",), "e": ("\\<none>",)}
     assert view.set == {"n": "4", "d": "3"}
+
+
+def test_layout_by_properties():
+    tree, flat, by, one = views_of("""
+        tree: {bucket: runs}
+        flat: {bucket: runs, layout: flat}
+        by:
+          bucket: runs
+          layout: {by: [Sample, lane]}
+        one: {bucket: runs, layout: {by: run id}}
+    """)
+    assert (tree.layout, tree.layout_by) == ("tree", None)
+    assert (flat.layout, flat.layout_by) == ("flat", None)
+    assert (by.layout, by.layout_by) == ("flat", ("sample", "lane"))   # files named as in flat
+    assert (one.layout, one.layout_by) == ("flat", ("run id",))
+
+
+def test_problems_of_layout_by():
+    problems = problems_of("""
+        a: {bucket: runs, layout: {by: []}}
+        b: {bucket: runs, layout: {}}
+        c: {bucket: runs, layout: {bye: [x]}}
+        d: {bucket: runs, layout: {by: [x, X, "a;b", "aws:k", [y], ~]}}
+        e: {bucket: runs, layout: [x]}
+    """)
+    assert problems == [
+        "views.yaml:2:32: `by` in `layout` has an empty list; name at least one property, "
+        "like `layout: {by: [sample, lane]}`",
+        "views.yaml:3:27: `layout` is an empty mapping; allowed: tree, flat, or {by: [property, ...]}",
+        "views.yaml:4:28: unknown key 'bye' in `layout`; did you mean 'by'? allowed: by",
+        "views.yaml:5:36: property 'X' appears twice in `by` of `layout` (first at line 5; names are "
+        "compared case-insensitively): each gives one directory level",
+        "views.yaml:5:39: `by` in `layout`: 'a;b' is not a property name; allowed: 1-128 letters, "
+        "digits, spaces and + - = . _ : / @ (what S3 allows in a tag key)",
+        "views.yaml:5:46: `by` in `layout`: 'aws:k' is not a property name: the prefix 'aws:' is "
+        "reserved by S3",
+        "views.yaml:5:55: each property of `by` in `layout` (like `layout: {by: [sample, lane]}`) "
+        "must be a single value, found a list",
+        "views.yaml:5:60: each property of `by` in `layout` (like `layout: {by: [sample, lane]}`) "
+        "must be a single value, found nothing (null)",
+        "views.yaml:6:27: `layout` must be tree, flat or a mapping with `by`, found a list",
+    ]

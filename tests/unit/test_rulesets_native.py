@@ -122,6 +122,25 @@ def test_native_next_flip_like_the_reference_and_nothing_changes_before_it(view_
             assert matcher.match(obj, before) == answer
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(views(), min_size=1, max_size=8), objects, times)
+def test_next_flip_with_tags_unknown_like_the_reference_and_no_partial_answer_changes_before_it(
+        view_list, obj, now):
+    """An object whose tags were not fetched (they could not change its answer) must be
+    looked at again when they may start to: the next flip with the tags unknown."""
+    matcher = compile_views(view_list)
+    flip = matcher.next_flip(obj, now, tags_unknown=True)
+    assert flip == reference.next_flip(view_list, obj, now, tags_unknown=True)
+    answer = matcher.match_partial(obj, now)
+    if flip is None:
+        assert matcher.match_partial(obj, now + 1e6) == answer
+        return
+    assert flip > now
+    for before in (math.nextafter(flip, -math.inf), (now + flip) / 2):
+        if before > now:
+            assert matcher.match_partial(obj, before) == answer
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(views(), min_size=1, max_size=8), st.sampled_from(["b1", "b2", "c1", "bb"]))
 def test_bucket_questions_agree_with_the_views(view_list, bucket):

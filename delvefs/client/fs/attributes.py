@@ -27,6 +27,12 @@ class DirHandle:
 class Attributes:
     """The name and attribute operations of :class:`delvefs.client.fs.core.FileSystem`."""
 
+    # permission bits shown (`delvefs mount --file-mode/--dir-mode/--umask`, -o file_mode=...):
+    # None = 0644/0755; a read-only view's lose their write bits; umask is taken away last
+    file_mode: int | None = None
+    dir_mode: int | None = None
+    umask: int = 0
+
     def _node(self, ino: int) -> Node:
         node = self.table.get(ino)
         if node is None:
@@ -43,9 +49,14 @@ class Attributes:
         # a view's top directory is always u+w: ``delvefs watch`` sets user.delvefs.sync
         # there (access(2) says it may); other writes there answer EROFS anyway
         writable = True if vs is None or node is vs.top else vs.writable
+        mode = mode_of(node, writable)
+        chosen = self.dir_mode if node.is_dir else self.file_mode
+        if chosen is not None:
+            mode = (mode & ~0o777) | (chosen if writable else chosen & ~0o222)
+        mode &= ~self.umask
         if node.is_dir:
-            return mode_of(node, writable), 2, 0, node.mtime_ns, self.timeout(node)
-        return mode_of(node, writable), 1, node.size, node.mtime_ns, vs.ttl
+            return mode, 2, 0, node.mtime_ns, self.timeout(node)
+        return mode, 1, node.size, node.mtime_ns, vs.ttl
 
     async def lookup(self, parent_ino: int, name: str) -> Node | None:
         """The child ``name`` (its lookup count + 1), or None: a negative entry."""

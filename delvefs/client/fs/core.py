@@ -32,6 +32,7 @@ turns (``writes``).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import time
@@ -62,7 +63,8 @@ class NullNotifier:
 
 class FileSystem(Attributes, Reads, Writes, Namespace, Xattrs, Views, Tree):
     def __init__(self, views, handler, store, cache: DataCache, *, notifier=None,
-                 uid: int | None = None, gid: int | None = None, page_size: int = 20000):
+                 uid: int | None = None, gid: int | None = None, page_size: int = 20000,
+                 eager: bool = False, upload_concurrency: int = 16):
         now_ns = time.time_ns()
         self.table = InodeTable(now_ns)
         self.handler = handler
@@ -104,6 +106,22 @@ class FileSystem(Attributes, Reads, Writes, Namespace, Xattrs, Views, Tree):
         self.retry_initial = 1.0
         self.retry_max = 60.0
         self.uploads = 0  # statistics (tests, logs)
+        # eager mode: close returns once the file is journaled; uploads and DELETEs follow
+        self.eager = eager
+        self.upload_concurrency = max(1, upload_concurrency)
+        self._uploading: set[str] = set()        # files whose upload request runs now
+        self._failures: dict[str, str] = {}      # file -> why its last upload failed
+        self.conflicts: list[dict] = []          # conflict copies made by this mount
+        self._deletes: dict[tuple[str, str], dict] = {}  # queued DELETEs (eager unlinks)
+        self._delete_kick = trio.Event()
+        self._deletes_sent = trio.Event()        # set (and replaced) after each batch round
+        self._delete_now = False                 # an upload waits: send without gathering
+        self.delete_gather = 0.02                # seconds without an unlink before sending
+        self._streams: dict = {}                 # file -> PartStream (parts sent while written)
+        self._bg: trio.Nursery | None = None     # the uploader's nursery (background sends)
+        self.stream_parts = False                # strict mode: send parts while written
+        # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
+        self._own_tags: collections.OrderedDict = collections.OrderedDict()
 
     def close(self) -> None:
         for fh in list(self.files):

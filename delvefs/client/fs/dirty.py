@@ -4,10 +4,13 @@ A file opened for writing is a *dirty* cache entry: a local file of its own
 (``data/w-<id>``, independent of the key, so renames only re-key it and no download can
 ever land on it; see ``DataCache.own_file``). Every dirty entry that holds a byte S3 does
 not have has a journal record ``journal/w-<id>.json`` (bucket, key, and ``meta``: view,
-existing, tags, untag). It is written with tmp + rename before the first byte that differs
-from S3 is accepted (a write, a truncate) and when the upload is left to the background,
+``base`` — the ETag of the version it was based on, "" when the object did not exist —
+existing, tags, untag, since, and ``conflict`` for a conflict copy). It is written with
+tmp + rename before the first byte that differs from S3 is accepted (a write, a truncate)
+and when the upload is left to the background (``persist``: an eager close; not fsync'd),
 and removed when the upload succeeded: a mount that was SIGKILLed loses nothing it had
-accepted; the next mount of its cache directory takes the records over (``restore``).
+accepted (a kernel or machine crash may lose the last ones); the next mount of its cache directory takes the records over
+(``restore``). Records of older versions have no ``base``: their upload checks with a HEAD.
 
 An entry's write-side state (``CacheEntry``):
 
@@ -26,6 +29,7 @@ clean), ``redirty`` (written again through a handle still open after an upload),
 from __future__ import annotations
 
 import os
+import time
 
 from ..datacache import CacheEntry, DataCache
 from ..errors import cache_file_error
@@ -38,11 +42,11 @@ class DirtyFiles:
     def entries(self) -> list[CacheEntry]:
         return [e for e in self.cache.entries.values() if e.dirty]
 
-    def _record(self, entry: CacheEntry, *, view: str, existing: bool) -> dict:
-        return {"file": os.path.basename(entry.path), "view": view, "existing": existing,
-                "tags": {}, "untag": []}
+    def _record(self, entry: CacheEntry, *, view: str, base: str) -> dict:
+        return {"file": os.path.basename(entry.path), "view": view, "base": base,
+                "existing": bool(base), "tags": {}, "untag": [], "since": time.time()}
 
-    def take(self, bucket: str, key: str, *, view: str, existing: bool, truncate: bool,
+    def take(self, bucket: str, key: str, *, view: str, base: str, truncate: bool,
              held: int = 0) -> CacheEntry:
         """The dirty entry of ``bucket/key``: the one there is (emptied when ``truncate``),
         else a new file of its own, empty (``truncate``) or with the cached content (see
@@ -52,12 +56,12 @@ class DirtyFiles:
         if entry is not None and entry.dirty:
             if truncate and entry.size:
                 self.truncate(entry, 0)
-            for field, value in self._record(entry, view=view, existing=existing).items():
+            for field, value in self._record(entry, view=view, base=base).items():
                 entry.meta.setdefault(field, value)
             return entry
         entry = self.cache.own_file(bucket, key, empty=truncate, held=held)
         entry.dirty = True
-        entry.meta = self._record(entry, view=view, existing=existing)
+        entry.meta = self._record(entry, view=view, base=base)
         return entry
 
     def journal(self, entry: CacheEntry) -> None:
@@ -67,10 +71,19 @@ class DirtyFiles:
             self._write(entry)
 
     def _write(self, entry: CacheEntry) -> None:
-        entry.journaled = True
         r = entry.meta
         r["bucket"], r["key"] = entry.bucket, entry.key
         self.cache.write_record(r)
+        entry.journaled = True  # only once it is on disk: a failed write is tried again
+
+    def persist(self, entry: CacheEntry) -> None:
+        """Eager close: the record on disk before close returns — written here, on the loop,
+        only when it is not there yet (every change of a journaled record rewrites it). Not
+        fsync'd: the page cache outlives a killed process; only a kernel or machine crash
+        can lose the last eager closes (``fsync(2)`` waits for the upload). Raises
+        StoreError."""
+        if entry.dirty and entry.meta is not None:
+            self.journal(entry)
 
     def _unjournal(self, entry: CacheEntry) -> None:
         if entry.meta is not None:
@@ -104,14 +117,18 @@ class DirtyFiles:
         entry.gen += 1
 
     def redirty(self, entry: CacheEntry, view: str) -> None:
-        """An entry cleaned by an upload is written again through a handle still open."""
+        """An entry cleaned by an upload is written again through a handle still open: based
+        on the version it uploaded."""
         entry.dirty = True
-        entry.meta = self._record(entry, view=view, existing=True)
+        entry.meta = self._record(entry, view=view, base=entry.etag or "")
         self._write(entry)
 
     def update_record(self, entry: CacheEntry, **changes) -> None:
-        """Change the record (``view``, ``existing``, ``tags``, ``untag``) of a dirty entry."""
+        """Change the record (``view``, ``base``, ``tags``, ``untag``, ``conflict``) of a
+        dirty entry."""
         entry.meta.update(changes)
+        if "base" in changes:
+            entry.meta["existing"] = bool(changes["base"])
         if entry.journaled:
             self._write(entry)
 

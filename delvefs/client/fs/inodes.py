@@ -47,6 +47,16 @@ its directories. When both ``a`` and ``a/...`` exist, the directory wins and the
 the key below the root with ``%`` written ``%25`` and ``/`` written ``%2F`` (and a name
 of exactly "." or ".." written ``%2E`` / ``%2E%2E``). This is reversible
 (``flat_key``), so two keys never share a name.
+
+``layout: {by: [p1, p2, ...]}``: one directory level per named property, named by the
+object's value of it (``value_dir``), ``_unset`` where the object lacks the property;
+files below the last level are named as in ``flat``. A value is its directory's name
+unless that could not be a name or would be ambiguous: ``%`` is written ``%25`` and
+``/`` ``%2F``; the whole values "" / "." / ".." / "_unset" are written ``%`` / ``%2E`` /
+``%2E%2E`` / ``%5Funset``; a value whose name would be longer than 255 bytes is cut to
+200 bytes (whole characters) followed by ``%~`` and 16 hex digits of its sha256 (the
+mount maps such a name back through the values it has seen). ``dir_value`` reverses it
+and refuses names that are not what ``value_dir`` writes.
 """
 from __future__ import annotations
 
@@ -85,15 +95,76 @@ def flat_key(name: str) -> str:
     return "".join(out)
 
 
+UNSET_DIR = "_unset"
+_LONG_MARK = "%~"
+
+
+def value_dir(value: str | None) -> str:
+    """The directory name of a property value in a layout by properties (None: unset)."""
+    if value is None:
+        return UNSET_DIR
+    special = {"": "%", ".": "%2E", "..": "%2E%2E", UNSET_DIR: "%5F" + UNSET_DIR[1:]}.get(value)
+    if special is not None:
+        return special
+    name = value.replace("%", "%25").replace("/", "%2F")
+    if len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX:
+        return name
+    import hashlib
+    digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    cut = name.encode("utf-8", "surrogateescape")[:200].decode("utf-8", "ignore")
+    return cut + _LONG_MARK + digest
+
+
+def dir_value(name: str, known: Mapping[str, str] | None = None) -> str | None:
+    """The property value a directory name of a layout by properties stands for (None for
+    ``_unset``). A cut long value is found in ``known`` (name -> value). ValueError when
+    ``name`` is not a name ``value_dir`` writes."""
+    if name == UNSET_DIR:
+        return None
+    if _LONG_MARK in name:
+        if known is not None and name in known:
+            return known[name]
+        raise ValueError(f"{name!r} stands for a long value this mount has not seen")
+    value = {"%": "", "%2E": ".", "%2E%2E": "..", "%5F" + UNSET_DIR[1:]: UNSET_DIR}.get(name)
+    if value is None:
+        value = flat_key(name.replace("%2E", "%252E"))  # only %25 and %2F inside a value
+    if value_dir(value) != name:
+        raise ValueError(f"{name!r} is not a property directory name (write % as %25, / as "
+                         f"%2F, an empty value as %, an unset one as {UNSET_DIR})")
+    return value
+
+
+def layout_values(by: tuple[str, ...], tags: Mapping[str, str] | None,
+                  metadata: Mapping[str, str] | None = None) -> tuple[str | None, ...]:
+    """An object's values of the properties ``by`` (lowercase names) in a layout by
+    properties: its tag of that name (compared case-insensitively), else its user metadata
+    of that name, else None (unset)."""
+    found: dict[str, str] = {}
+    for source in (metadata or {}), (tags or {}):  # tags last: a tag wins
+        for name, value in source.items():
+            name = name.lower()
+            if name in by:
+                found[name] = value
+    return tuple(found.get(name) for name in by)
+
+
 def relative_path(view, key: str) -> str | None:
     """The path of ``key`` below the directory of ``view``, or None when the key is not
     shown there. ``view`` is anything with ``root`` and ``layout`` — a rulesets View, the
     core's ViewState, or the mapping ``user.delvefs.view`` answers. tree: the key minus the
     root ("sub/b.txt"; a folder marker "sub/" keeps its trailing "/"); flat: the flat name
-    (``flat_name``). Pure: ``delvefs watch`` uses it, the core uses it for every key."""
+    (``flat_name``); by properties: the flat name below the property directories where the
+    mount's view (a ViewState) has placed it, else (they need the object's values) the
+    flat name alone. Pure: ``delvefs watch`` uses it, the core uses it for every key."""
     if isinstance(view, Mapping):
-        return key_path(view.get("root") or "", view.get("layout") == "flat", key)
-    return key_path(view.root or "", view.layout == "flat", key)
+        by = view.get("layout_by")
+        return key_path(view.get("root") or "", view.get("layout") == "flat" or bool(by), key)
+    by = getattr(view, "layout_by", None)
+    rel = key_path(view.root or "", view.layout == "flat" or bool(by), key)
+    placed = getattr(view, "placed", None)  # the mount's view: the directories the file is in
+    if rel is not None and placed is not None and key in placed:
+        return "/".join([*placed[key], rel])
+    return rel
 
 
 def key_path(root: str, flat: bool, key: str) -> str | None:

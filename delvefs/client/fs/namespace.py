@@ -76,22 +76,54 @@ class Namespace:
             local_only = entry is not None and entry.dirty and not entry.meta.get("existing") \
                 and not node.etag
             if not local_only:
-                try:
-                    await self.store.delete(bucket, key)
-                except StoreError as exc:
-                    raise store_failure(exc, "deleting", bucket, key) from exc
+                if self.eager:  # sent in a DeleteObjects batch (run_deletes)
+                    self._queue_delete(bucket, key)
+                else:
+                    try:
+                        await self.store.delete(bucket, key)
+                    except StoreError as exc:
+                        raise store_failure(exc, "deleting", bucket, key) from exc
             entry = self.cache.get(bucket, key)
             if entry is not None:
                 self._unschedule(entry)
                 self.dirty.discard(entry)
             vs.overlay.pop(key, None)
             self._keep_dir(node.parent)
-            self._local_delete(bucket, key, also=vs, quiet=True)
+            if local_only:
+                self._drop_local(bucket, key, vs)
+            else:
+                self._local_delete(bucket, key, also=vs, quiet=True)
+                self._unshadow(bucket, key)
             if not node.gone:  # not shown by the view's rules (scratch): remove it here
                 self._remove(node, notify=False)
 
+    def _unshadow(self, bucket: str, key: str) -> None:
+        """The object ``key`` is gone: a directory of its name in any view no longer hides
+        it (it must not show again when the directory goes)."""
+        for vs in self.views:
+            if vs.bucket == bucket and vs.by is None:
+                d = self._find(vs, key)
+                if d is not None and d.is_dir and d.shadow is not None and d.shadow.key == key:
+                    d.shadow = None
+
+    def _drop_local(self, bucket: str, key: str, also: ViewState) -> None:
+        """A file S3 never had is gone: its local nodes go, and nothing else — an object of
+        that key (another writer's) stays shown wherever it is."""
+        for vs in self.views:
+            if vs.bucket != bucket:
+                continue
+            p = vs.overlay.get(key)
+            if p is not None and p.kind == "local":
+                del vs.overlay[key]
+            node = self._find(vs, key)
+            if node is not None and not node.is_dir and not node.etag:
+                self._delete(vs, key, remote=False, notify=vs is not also)
+
     async def mkdir(self, parent_ino: int, name: str) -> Dir:
         parent, vs = self._writable_dir(parent_ino)
+        if vs.by is not None:  # layout by properties: a directory for a property value (tree.py)
+            await self._fresh(vs)
+            return self._mkdir_property(parent, name)
         if vs.flat:
             raise FsError(errno.EPERM, f"view {vs.name} is flat: no directories")
         if not valid_segment(name):
@@ -114,11 +146,14 @@ class Namespace:
             raise FsError(errno.ENOTDIR)
         if d.children:
             raise FsError(errno.ENOTEMPTY)
-        if d.ino not in self.local_dirs:  # an empty virtual directory: a folder marker
-            try:
-                await self.store.delete(vs.bucket, d.prefix)
-            except StoreError as exc:
-                raise store_failure(exc, "deleting folder marker", vs.bucket, d.prefix) from exc
+        if d.ino not in self.local_dirs and vs.by is None:  # an empty virtual directory: a folder marker
+            if self.eager:
+                self._queue_delete(vs.bucket, d.prefix)
+            else:
+                try:
+                    await self.store.delete(vs.bucket, d.prefix)
+                except StoreError as exc:
+                    raise store_failure(exc, "deleting folder marker", vs.bucket, d.prefix) from exc
             self._local_delete(vs.bucket, d.prefix, also=vs)
         if d.gone or d.children:
             return
@@ -144,9 +179,14 @@ class Namespace:
         if target is not None and target is not node:
             self.table.detach(target)
         old = node.parent
+        shadow = node.shadow if node.is_dir else None  # a file it hid stays where it is
         if old.children.get(node.name) is node:
             del old.children[node.name]
             old.changed()
+            if shadow is not None:
+                node.shadow = None
+                shadow.gone = False
+                old.children[node.name] = shadow
         node.name = name
         node.parent = dst
         dst.children[name] = node
@@ -185,7 +225,7 @@ class Namespace:
         if target is not None and flags & 1:  # RENAME_NOREPLACE
             raise FsError(errno.EEXIST)
         if node.is_dir:
-            if dst_vs is not src_vs:
+            if dst_vs is not src_vs or dst_vs.by is not None:  # (by properties: mv retags file by file)
                 raise FsError(errno.EXDEV, "directories move within their view only")
             if target is not None:
                 if not target.is_dir:
@@ -201,7 +241,14 @@ class Namespace:
         else:
             if target is not None and target.is_dir:
                 raise FsError(errno.EISDIR)
+            retag = self._layout_dir_tags(dst_parent)  # layout by properties: its directories' values
+            if retag is not None and dst_vs is src_vs:  # retagged first: it moves there, same name
+                await self._retag_into(node, dst_parent, retag)
+                if node.parent is dst_parent and node.name == new_name:
+                    return
             await self._rename_file(node, dst_parent, new_name, target)
+            if retag is not None:
+                await self._retag_into(node, dst_parent, retag)
 
     async def _relocate(self, node: File, dst_vs: ViewState, dk: str, target: Node | None,
                         result: dict) -> None:
@@ -219,9 +266,14 @@ class Namespace:
                             await self.store.delete(sb, sk)
                         except StoreError as exc:
                             raise store_failure(exc, "deleting (rename)", sb, sk) from exc
+                    self._unschedule(entry)
+                    self._discard_dirty(db, dk, entry, dst_vs)
                     self.dirty.rekey(entry, db, dk)
-                    replaced = target is not None and not target.is_dir and bool(target.etag)
-                    self.dirty.update_record(entry, view=dst_vs.name, existing=replaced)
+                    # based on what it replaces now: the target's version, or nothing; a
+                    # conflict copy renamed is an ordinary file again
+                    base = target.etag if target is not None and not target.is_dir else ""
+                    self.dirty.update_record(entry, view=dst_vs.name, base=base, conflict=None)
+                    node.etag = ""
                     result["dirty"] = entry
                     return
         tags = {}
@@ -231,6 +283,7 @@ class Namespace:
             raise FsError(errno.EXDEV, f"{dk} cannot be in view {dst_vs.name} (mv copies, then "
                           "removes: the copy is a scratch file of this mount)")
         try:
+            await self._settle_delete(db, dk)  # eager: a queued DELETE of dk must go first
             info = await self.store.copy(db, dk, sb, sk)
         except StoreError as exc:
             raise store_failure(exc, "copying (rename)", sb, sk) from exc
@@ -238,18 +291,42 @@ class Namespace:
             await self.store.delete(sb, sk)
         except StoreError as exc:
             raise store_failure(exc, "deleting (rename; the copy exists)", sb, sk) from exc
+        self._discard_dirty(db, dk, None, dst_vs)  # replaced: a local copy of the target is void
         ce = self.cache.get(sb, sk)
-        if ce is not None and not ce.dirty:
-            self.dirty.rekey(ce, db, dk)
-            ce.etag = info["etag"]
+        if ce is not None and not ce.dirty and ce.etag == info["etag"] and ce.download is None:
+            self.dirty.rekey(ce, db, dk)  # the very version copied: still valid
+        else:
+            self.cache.forget(sb, sk)
+            old = self.cache.get(db, dk)
+            if old is not None and not old.dirty:
+                self.cache.forget(db, dk)
         result["obj"] = {"key": dk, "size": info["size"], "mtime": info["mtime"], "etag": info["etag"]}
         result["tags"] = tags
+
+    def _discard_dirty(self, bucket: str, key: str, keep, dst_vs: ViewState) -> None:
+        """A rename into ``dst_vs`` replaces ``bucket/key``: a dirty local copy there (other
+        than ``keep``) is no longer wanted, and its nodes in other views go with it."""
+        old = self.cache.get(bucket, key)
+        if old is None or old is keep or not old.dirty:
+            return
+        self._unschedule(old)
+        self.dirty.discard(old)
+        for vs in self.views:
+            if vs.bucket == bucket:
+                p = vs.overlay.get(key)
+                if p is not None and p.kind == "local":
+                    del vs.overlay[key]
+                node = self._find(vs, key) if vs is not dst_vs else None
+                if node is not None and not node.is_dir and not node.etag:
+                    self._delete(vs, key, remote=False)
 
     async def _rename_file(self, node: File, dst: Dir, name: str, target: Node | None) -> None:
         src_vs, dst_vs = node.parent.view, dst.view
         sb, sk = src_vs.bucket, node.key
         dk = self._key_for(dst, dst_vs, name)
         if (sb, sk) == (dst_vs.bucket, dk):
+            if dst_vs.by is not None and dst is not node.parent:
+                return  # the same object in another directory of a layout by properties: a retag
             # two views of one bucket showing the same key: the object stays where it is
             raise FsError(errno.EXDEV, f"{sk} is already the object {dst_vs.name}/{name} shows")
         result: dict = {}
@@ -263,7 +340,10 @@ class Namespace:
         if entry is not None:
             self._dirtied(dst_vs, node, entry)
             if entry.writers == 0:
-                await self._upload(entry)  # a tmp file renamed to its final name: uploaded now
+                if self.eager:
+                    self._schedule(entry)
+                else:
+                    await self._upload(entry)  # a tmp file renamed to its final name: uploaded now
             return
         obj = result["obj"]
         node.etag, node.size = obj["etag"], obj["size"]

@@ -11,12 +11,24 @@ bucket at once (``_local_put`` / ``_local_delete``) and records it in the view's
 ``overlay`` (key -> :class:`Pending`). Changes from the handler (listing pages, deltas)
 for an overlay key are ignored until they confirm it — a put with the uploaded ETag, a
 delete — or until ``overlay_bound`` passes; a dirty file (``local``) always wins.
+
+Layout by properties (``vs.by``): where a file goes depends on the object's property
+values, not on its key alone. ``vs.values`` holds each key's values as last known (the
+``properties`` the handler's listings and changes carry for such a view, or this mount's
+own tags), ``vs.placed`` the directories its file is in now; ``_put`` moves a file whose
+values changed to its new directory (same inode). What the write side
+needs: ``_implied_tags`` (tags of a file created in a directory), ``_mkdir_property``,
+``_retag_into`` (a file moved to another directory).
 """
 from __future__ import annotations
 
+import errno
+import time
+
 import trio
 
-from .inodes import ROOT_INODE, Dir, File, Node, key_path
+from ..errors import FsError
+from .inodes import ROOT_INODE, Dir, File, Node, dir_value, key_path, layout_values, value_dir
 from .views import ViewState
 
 OVERLAY_BOUND = 120.0  # seconds a local change outranks the handler's view of it (at most)
@@ -43,10 +55,16 @@ class Tree:
         return d.nlookup > 0 or d.ino == ROOT_INODE
 
     def _path(self, vs: ViewState, key: str) -> tuple[list[str], str] | None:
-        """(directory segments, file name) of ``key`` in ``vs``, None when not shown."""
+        """(directory segments, file name) of ``key`` in ``vs``, None when not shown (in a
+        layout by properties: also while the key's values are unknown)."""
         rel = key_path(vs.root, vs.flat, key)
         if rel is None:
             return None
+        if vs.by is not None:
+            values = vs.values.get(key)
+            if values is None:
+                return None
+            return [self._value_dir(vs, v) for v in values], rel
         if vs.flat:
             return [], rel
         parts = rel.split("/")
@@ -81,6 +99,11 @@ class Tree:
         kernel holds this very content, written through the file: no inode invalidation)."""
         if remote and vs.overlay and self._stale(vs, obj["key"], obj):
             return None
+        moved = None
+        if vs.by is not None:
+            if not self._layout_known(vs, obj):
+                return None
+            moved = self._unplace(vs, obj["key"])
         path = self._path(vs, obj["key"])
         if path is None:
             return None
@@ -111,6 +134,15 @@ class Tree:
                 d = d.parent
         size, etag = int(obj.get("size", 0)), str(obj.get("etag", ""))
         existing = parent.children.get(name)
+        if vs.by is not None:
+            vs.placed[obj["key"]] = tuple(dirs)
+            if moved is not None and existing is None:  # to its new directory, same inode
+                moved.parent, moved.gone = parent, False
+                parent.children[name] = moved
+                parent.changed()
+                if notify and self._known(parent):
+                    self.notifier.entry(parent.ino, name)
+                existing = moved
         if existing is None:
             f = table.new_file(parent, name, size, mtime_ns, etag)
             if notify and self._known(parent):
@@ -131,8 +163,137 @@ class Tree:
                 self.notifier.inode(existing.ino)
         return existing
 
+    # ------------------------------------------------------- layout by properties
+
+    def _value_dir(self, vs: ViewState, value: str | None) -> str:
+        name = value_dir(value)
+        if "%~" in name:  # a cut long value (never in an escaped one): remember what it stands for
+            vs.long_names[name] = value
+        return name
+
+    def _layout_known(self, vs: ViewState, obj: dict) -> bool:
+        """Whether ``obj``'s place in ``vs`` (a layout by properties) is known: from its
+        ``properties`` (the handler's listings and changes of such a view carry them, as do
+        this mount's own changes), else from before."""
+        key = obj["key"]
+        props = obj.get("properties")
+        if props is not None:
+            vs.values[key] = layout_values(vs.by, props)
+            return True
+        return key in vs.values
+
+    def _unplace(self, vs: ViewState, key: str) -> File | None:
+        """The file of ``key``, taken out of its directory when its values now belong in
+        another one (the caller puts it there: it keeps its inode)."""
+        dirs = vs.placed.get(key)
+        values = vs.values.get(key)
+        if dirs is None or values is None or list(dirs) == [self._value_dir(vs, v) for v in values]:
+            return None
+        node = self._find(vs, key)
+        del vs.placed[key]
+        if node is None or node.is_dir:
+            return None
+        parent = node.parent
+        del parent.children[node.name]
+        parent.changed()
+        if self._known(parent):
+            self.notifier.entry(parent.ino, node.name)
+        self._served.pop(node.ino, None)
+        self._prune(parent)
+        return node
+
+    def _dir_values(self, d: Dir) -> list[str | None] | None:
+        """The property values the directories from a layout-by view's top down to ``d``
+        stand for (None when ``d`` is not in such a view)."""
+        vs = d.view
+        if vs is None or vs.by is None:
+            return None
+        names = []
+        while d is not vs.top:
+            names.append(d.name)
+            d = d.parent
+        return [dir_value(n, vs.long_names) for n in reversed(names)]
+
+    def _layout_dir_tags(self, d: Dir) -> dict | None:
+        """What a file in ``d``, a directory of a layout by properties, has as tags:
+        ``{"values", "tags", "untag"}`` (``_unset``: the tag removed); None in other layouts.
+        EPERM above the last level."""
+        values = self._dir_values(d)
+        if values is None:
+            return None
+        vs = d.view
+        if len(values) != len(vs.by):
+            raise FsError(errno.EPERM, f"view {vs.name}: files live {len(vs.by)} directory levels "
+                          f"down, one per property ({', '.join(vs.layout_by)})")
+        return {"values": tuple(values),
+                "tags": {name: v for name, v in zip(vs.layout_by, values) if v is not None},
+                "untag": sorted(name for name, v in zip(vs.layout_by, values) if v is None)}
+
+    async def _retag_into(self, node: File, d: Dir, implied: dict) -> None:
+        """A file moved (renamed) into ``d`` of a layout by properties takes its values as
+        tags (an object's tags: PutObjectTagging; a dirty file's: at its upload)."""
+        vs = d.view
+        if node.gone or node.parent.view is not vs:
+            return
+        key = node.key
+        if vs.values.get(key) == implied["values"]:
+            return
+        tags, _ = await self._properties(node)
+        untag = tuple(t for t in tags if t.lower() in implied["untag"])
+        if node.parent is not d:
+            self._keep_dir(node.parent)  # as after any rename out of it: stays until rmdir
+        await self._retag(node, implied["tags"], untag)
+        if not node.gone and vs.values.get(key) != implied["values"]:
+            # a dirty file (tagged at its upload), or a value that is user metadata
+            vs.values[key] = implied["values"]
+            self._put(vs, {"key": key, "size": node.size, "mtime": node.mtime_ns / 1e9,
+                           "etag": node.etag}, notify=True, remote=False, written=True)
+
+    def _implied_tags(self, parent: Dir, key: str) -> dict | None:
+        """A file created in ``parent``, a directory of a layout by properties, gets its
+        directories' values as tags: ``{"tags", "untag"}`` for its dirty record; None in
+        other layouts. EPERM above the last level; EEXIST when the key is in another one."""
+        implied = self._layout_dir_tags(parent)
+        if implied is None:
+            return None
+        vs = parent.view
+        values = implied.pop("values")
+        where = vs.placed.get(key)
+        if where is not None and list(where) != [self._value_dir(vs, v) for v in values]:
+            raise FsError(errno.EEXIST, f"{key} is in {vs.name}/{'/'.join(where)} (a name is one "
+                          "object in every directory of a layout by properties)")
+        vs.values[key] = values
+        return implied
+
+    def _mkdir_property(self, parent: Dir, name: str) -> Dir:
+        """mkdir in a layout by properties: a directory for a property value (EINVAL for a
+        name no value has; EPERM below the last level). It exists in this mount only until a
+        file lands in it, like any mkdir'ed directory."""
+        vs = parent.view
+        depth = len(self._dir_values(parent))
+        if depth >= len(vs.by):
+            raise FsError(errno.EPERM, f"view {vs.name}: {len(vs.by)} directory levels, one per "
+                          f"property ({', '.join(vs.layout_by)}); files below the last")
+        try:
+            dir_value(name, vs.long_names)
+        except ValueError as exc:
+            raise FsError(errno.EINVAL, str(exc)) from None
+        if name in parent.children:
+            raise FsError(errno.EEXIST)
+        d = self.table.new_dir(parent, name, vs, parent.prefix, time.time_ns())
+        self.local_dirs.add(d.ino)
+        self.table.ref(d)
+        return d
+
     def _delete(self, vs: ViewState, key: str, *, remote: bool = True, notify: bool = True) -> None:
         if remote and vs.overlay and self._stale(vs, key, None):
+            return
+        if vs.by is not None:
+            node = self._find(vs, key)
+            vs.values.pop(key, None)
+            vs.placed.pop(key, None)
+            if node is not None and not node.is_dir:
+                self._remove(node, notify)
             return
         path = self._path(vs, key)
         if path is None:
@@ -155,6 +316,12 @@ class Tree:
 
     def _remove(self, node: File, notify: bool = True) -> None:
         parent = node.parent
+        vs = parent.view
+        if vs is not None and vs.by is not None:
+            key = node.key
+            if vs.placed.get(key) is not None and self._find(vs, key) is node:
+                del vs.placed[key]
+                vs.values.pop(key, None)
         self.table.detach(node)
         if notify and self._known(parent):
             self.notifier.entry(parent.ino, node.name)
@@ -191,9 +358,18 @@ class Tree:
         for f in doomed:
             if not f.gone:
                 self._remove(f)
+        if vs.by is not None:
+            for known in (vs.values, vs.placed):
+                for key in [k for k in known if k not in seen]:
+                    del known[key]
 
     def _find(self, vs: ViewState, key: str) -> Node | None:
-        path = self._path(vs, key)
+        if vs.by is not None:  # where its file is (its values may have changed meanwhile)
+            dirs = vs.placed.get(key)
+            rel = key_path(vs.root, True, key)
+            path = None if dirs is None or rel is None else (dirs, rel)
+        else:
+            path = self._path(vs, key)
         if path is None:
             return None
         d = vs.top
@@ -216,6 +392,8 @@ class Tree:
                 continue
             if self.can_match(vs, key, obj["size"], tags):
                 vs.overlay[key] = Pending("put", obj["etag"], deadline)
+                if vs.by is not None:  # placed by the tags it has now (metadata: as listed)
+                    obj = {**obj, "properties": {**(obj.get("metadata") or {}), **tags}}
                 # ``quiet``: the view written through; the kernel knows that file already
                 self._put(vs, obj, notify=vs is not quiet, remote=False, written=vs is quiet)
             else:

@@ -25,11 +25,17 @@ for it (:class:`Refresh`) and share its outcome:
 
 Which view an object belongs to is the compiled matcher's answer (``can_match``): the
 write side asks it before every upload, rename and retag.
+
+The views themselves change with ``reload`` (``delvefs reload``, SIGHUP): the new set is
+registered first, then swapped in without an await. A dropped or replaced ViewState is
+``retired``: no longer refreshed, its open files served as they are, its dirty files
+uploaded all the same (``can_match`` says yes).
 """
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import time
 from datetime import datetime, timezone
@@ -39,7 +45,7 @@ import trio
 
 from ..errors import FsError, handler_failure
 from ..handler_api import HandlerError, HandlerUnavailable, Resync
-from .inodes import Dir, Node, relative_path
+from .inodes import ROOT_INODE, Dir, Node, relative_path
 
 if TYPE_CHECKING:
     from .tree import Pending
@@ -82,8 +88,16 @@ class ViewState:
         self.name = view.name
         self.bucket = view.bucket
         self.root = view.root or ""
-        self.flat = view.layout == "flat"
+        # layout by properties: lowercase property names, one directory level each; file
+        # names as in flat (inodes.py)
+        by = getattr(view, "layout_by", None)
+        self.layout_by = tuple(by) if by else None
+        self.by = tuple(name.lower() for name in by) if by else None
+        self.flat = view.layout == "flat" or self.by is not None
         self.layout = view.layout
+        self.values: dict[str, tuple] = {}  # key -> its property values (where it belongs)
+        self.placed: dict[str, tuple[str, ...]] = {}  # key -> the directories its file is in
+        self.long_names: dict[str, str] = {}  # directory name -> a long value it was cut from
         self.set = dict(getattr(view, "set", None) or {})
         self.index = 0  # position in the mount's views (the matcher's answers)
         self.overlay: dict[str, Pending] = {}  # key -> local change not yet seen in a delta
@@ -100,6 +114,7 @@ class ViewState:
         self.retry_at = float("-inf")  # a stale view's next refresh starts no earlier
         self.retry_delay = RETRY_FIRST
         self.top: Dir | None = None
+        self.retired = False  # dropped or replaced by a reload of the views file
         self.lists = 0  # statistics (tests, logs)
         self.deltas = 0
 
@@ -130,13 +145,98 @@ class Views:
 
     async def register(self, client: str, proofs: dict) -> None:
         """Register all views with the handler (ids and starting versions)."""
+        views = list(self.views)  # (a reload may change the list meanwhile)
         answer = await self.handler.register(
-            client, [{"name": vs.name, "spec": vs.view.filter_spec()} for vs in self.views], proofs)
+            client, [{"name": vs.name, "spec": vs.view.filter_spec()} for vs in views], proofs)
         self.registration = (client, proofs)
         self.registrations += 1
         by_name = {v["name"]: v for v in answer}
-        for vs in self.views:
-            vs.id = by_name[vs.name]["id"]
+        for vs in views:
+            if vs.name in by_name:
+                vs.id = by_name[vs.name]["id"]
+
+    async def reload(self, views, proofs: dict) -> dict:
+        """Replace the mount's views by ``views`` (its views file, read again and valid):
+        the whole set is registered with the handler first (with ``proofs`` covering it), so
+        a refusal changes nothing; then, without an await, new views get their directory,
+        dropped ones lose theirs, and a changed one (same name, other rules or options) gets
+        a new, empty directory listed anew. Files of a dropped or replaced directory that
+        are open keep working until closed; dirty ones are still uploaded (a changed view's
+        show in its new directory). Last, the handler is told to forget registrations no
+        view of this mount uses any more. Returns ``{"added", "removed", "changed",
+        "views"}`` (names)."""
+        from .tree import Pending
+        lock = getattr(self, "_reload_lock", None)
+        if lock is None:
+            lock = self._reload_lock = trio.Lock()
+        async with lock:
+            old = {vs.name: vs for vs in self.views}
+            wanted = {v.name: v for v in views}
+            added = [v.name for v in views if v.name not in old]
+            removed = [name for name in old if name not in wanted]
+            changed = [v.name for v in views if v.name in old and old[v.name].view != v]
+            summary = {"added": added, "removed": removed, "changed": changed,
+                       "views": [v.name for v in views]}
+            if not (added or removed or changed):
+                return summary
+            client = self.registration[0] if self.registration else "delvefs"
+            answer = await self.handler.register(
+                client, [{"name": v.name, "spec": v.filter_spec()} for v in views], proofs)
+            ids = {a["name"]: a["id"] for a in answer}
+            missing = [v.name for v in views if v.name not in ids]
+            if missing:
+                raise HandlerError(f"the event handler registered no view named {missing[0]!r}")
+            self.registration = (client, proofs)
+            self.registrations += 1
+            # from here to the end of the swap: no await (operations see old or new views)
+            root = self.table.root
+            now_ns = time.time_ns()
+            retired = [old[name] for name in removed + changed]
+            for vs in retired:
+                vs.retired = True
+                stack = [vs.top]
+                while stack:  # its mkdir'ed directories go with it
+                    d = stack.pop()
+                    self.local_dirs.discard(d.ino)
+                    stack.extend(c for c in d.children.values() if c.is_dir)
+                self.table.detach(vs.top)
+                self.notifier.entry(ROOT_INODE, vs.name)
+            states = []
+            for i, v in enumerate(views):
+                vs = old.get(v.name)
+                if vs is None or vs.retired:
+                    vs = ViewState(v, 0)
+                    vs.top = self.table.new_dir(root, v.name, vs, vs.root, now_ns)
+                    self.notifier.entry(ROOT_INODE, v.name)
+                vs.index = i
+                vs.id = ids[v.name]
+                states.append(vs)
+            self.views = states
+            # a dropped view's dirty files are still uploaded: by_name keeps it until its
+            # name is used again
+            for vs in states:
+                self.by_name[vs.name] = vs
+            self._matcher_obj = None
+            for entry in self.dirty.entries():  # dirty files of a changed view: in its new directory
+                vs = self.by_name.get((entry.meta or {}).get("view"))
+                if vs is not None and vs.name in changed and entry.bucket == vs.bucket:
+                    node = self._put(vs, {"key": entry.key, "size": entry.size, "mtime": time.time(),
+                                          "etag": ""}, notify=False, remote=False)
+                    if node is not None and not node.is_dir:
+                        vs.overlay[entry.key] = Pending("local", None, math.inf)
+            log.info("views reloaded: added %s; removed %s; changed %s",
+                     *(", ".join(names) or "none" for names in (added, removed, changed)))
+            # registrations no view of this mount uses any more
+            unregister = getattr(self.handler, "unregister", None)
+            for view_id in {vs.id for vs in retired} - set(ids.values()) - {None}:
+                if unregister is None:
+                    break
+                try:
+                    await unregister(view_id)
+                except HandlerError as exc:  # the handler forgets unused views itself in time
+                    log.warning("unregistering view %s from the event handler: %s", view_id, exc)
+            return summary
+
 
     async def _register_again(self) -> None:
         """The handler lost the views: register them again, through the mount's hook
@@ -163,8 +263,8 @@ class Views:
         the operation's) or refresh it after its ttl (waiting at most ``stale_after``, then
         going on with the last listing)."""
         now = trio.current_time()
-        if vs.listed and now - vs.fresh_at < vs.ttl:
-            return
+        if vs.listed and now - vs.fresh_at < vs.ttl or vs.retired:
+            return  # (a view dropped by a reload: its open files are served as they are)
         r = vs.refreshing
         if r is None:
             if vs.listed and now < vs.retry_at:
@@ -376,6 +476,8 @@ class Views:
         rel = relative_path(vs, key)
         if rel is None or rel.endswith("/"):
             return False
+        if vs.retired:  # dropped by a reload: what was written in it is uploaded all the same
+            return True
         from rulesets.model import ObjectInfo
         obj = ObjectInfo(vs.bucket, key, int(size), time.time(), None, dict(tags), {})
         return vs.index in self._matcher().match(obj)

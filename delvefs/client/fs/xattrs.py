@@ -5,8 +5,10 @@ current tag set; the file moves into and out of this mount's views at once),
 ``user.meta.<name>`` its user metadata (read-only), ``user.delvefs.etag`` / ``bucket`` /
 ``key`` facts. A view's top directory answers ``user.delvefs.view`` (``delvefs watch``)
 and ``user.delvefs.stale`` (whether the handler gave the last refresh: "0", or "1 since
-<time>: <reason>"), and accepts ``user.delvefs.sync`` (wait for a handler version). Other
-namespaces (security.*, system.*, trusted.*) are not supported.
+<time>: <reason>"), and accepts ``user.delvefs.sync`` (wait for a handler version). A file not yet in S3 as
+written answers ``user.delvefs.upload``: ``pending``, ``uploading``, ``failed: <reason>``
+or ``conflict: <reason>`` (absent once uploaded). Other namespaces (security.*, system.*,
+trusted.*) are not supported.
 """
 from __future__ import annotations
 
@@ -25,6 +27,14 @@ class Xattrs:
 
     FACTS = ("user.delvefs.etag", "user.delvefs.bucket", "user.delvefs.key")
     VIEW_ATTRIBUTES = ["user.delvefs.view", "user.delvefs.stale"]
+
+    def _upload_text(self, node: File) -> str | None:
+        """``user.delvefs.upload`` of a file: None when S3 has it as shown (clean)."""
+        entry = self.cache.get(node.parent.view.bucket, node.key)
+        if entry is None or not entry.dirty or entry.meta is None:
+            return None
+        state, reason = self.upload_state(entry)
+        return f"{state}: {reason}" if reason else state
 
     async def _properties(self, node: File) -> tuple[dict, dict]:
         vs = node.parent.view
@@ -57,10 +67,16 @@ class Xattrs:
         return tags, metadata
 
     def view_info(self, vs: ViewState) -> dict:
-        """What ``user.delvefs.view`` on a view's directory answers (delvefs watch)."""
-        return {"id": vs.id, "name": vs.name,
+        """What ``user.delvefs.view`` on a view's directory answers (delvefs watch): its
+        ``layout`` is "tree", "flat" or "by" (then ``layout_by``: the property names, one
+        directory level each, in order)."""
+        info = {"id": vs.id, "name": vs.name,
                 "handler": getattr(self.handler, "base_url", None), "bucket": vs.bucket,
-                "root": vs.root, "layout": "flat" if vs.flat else "tree", "version": vs.version}
+                "root": vs.root, "layout": "by" if vs.by else "flat" if vs.flat else "tree",
+                "version": vs.version}
+        if vs.by:
+            info["layout_by"] = list(vs.by)
+        return info
 
     async def getxattr(self, ino: int, name: str) -> bytes:
         node = self._node(ino)
@@ -78,6 +94,11 @@ class Xattrs:
                 return stale_text(vs).encode()  # as of the last refresh: asks nothing
             raise FsError(errno.ENODATA)
         vs = node.parent.view
+        if name == "user.delvefs.upload":
+            state = self._upload_text(node)
+            if state is None:
+                raise FsError(errno.ENODATA)
+            return state.encode()
         if name == "user.delvefs.etag":
             return node.etag.encode()
         if name == "user.delvefs.bucket":
@@ -99,7 +120,8 @@ class Xattrs:
             vs = node.view
             return list(self.VIEW_ATTRIBUTES) if vs is not None and node is vs.top else []
         tags, metadata = await self._properties(node)
-        return ([*self.FACTS] + [f"user.{t}" for t in sorted(tags)]
+        upload = ["user.delvefs.upload"] if self._upload_text(node) is not None else []
+        return ([*self.FACTS] + upload + [f"user.{t}" for t in sorted(tags)]
                 + [f"user.meta.{m}" for m in sorted(metadata)])
 
     async def setxattr(self, ino: int, name: str, value: bytes) -> None:

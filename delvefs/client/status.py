@@ -1,0 +1,166 @@
+"""``delvefs status``: what a mount or the event handler is doing.
+
+- ``delvefs status MOUNT`` asks the mount over its control channel (delvefs/client/control.py,
+  operation ``status``, answered by :func:`mount_status` inside the mount): its views and how
+  fresh each is, the files not yet in S3 (pending, uploading, failed, conflict) and the cache.
+- ``delvefs status --handler [URL]`` asks the handler (``GET /v1/status`` through
+  delvefs/client/handler_api.py, with the principal's token): its event source and lag,
+  buckets with the progress of a listing under way, views, dead letters.
+
+``--json`` prints the answer as it is (one JSON document); otherwise a few short tables.
+Exit status 0, or 1 with a one-line error when the mount or handler cannot be asked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from .control import ControlError, request
+
+STATES = ("pending", "uploading", "failed", "conflict")
+
+
+# ----------------------------------------------------------------- inside the mount
+
+def _views_report(core) -> list[dict]:
+    import trio
+
+    now = trio.current_time()
+    views = []
+    for vs in core.views:
+        fresh = None if not vs.listed or vs.fresh_at == float("-inf") else round(now - vs.fresh_at, 3)
+        views.append({"name": vs.name, "bucket": vs.bucket, "root": vs.root, "id": vs.id,
+                      "listed": vs.listed, "version": vs.version, "ttl": vs.ttl,
+                      "refreshed_ago": fresh, "refreshing": vs.refreshing is not None,
+                      "stale": vs.stale, "stale_since": vs.stale_since if vs.stale is not None else None})
+    return views
+
+
+async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
+    """The control operation ``status`` (registered by delvefs/client/mount.py)."""
+    report = core.upload_report()  # files and deletes not in S3 yet (delvefs/client/fs/writes.py)
+    counts = {state: 0 for state in STATES}
+    for f in report:
+        counts[f["state"]] = counts.get(f["state"], 0) + 1
+    cache = core.cache
+    return {"mountpoint": mountpoint, "pid": os.getpid(), "cache_dir": str(cache_dir),
+            "handler": core.handler.base_url, "views": _views_report(core),
+            "files": report, "counts": counts,
+            "cache": {"bytes": cache.bytes, "limit": cache.limit, "entries": len(cache.entries),
+                      "dirty_bytes": sum(e.size for e in core.dirty.entries())}}
+
+
+# ----------------------------------------------------------------- the command
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in [header, *rows])
+
+
+def format_mount(s: dict) -> str:
+    lines = [f"mount {s['mountpoint']} (pid {s['pid']}; handler {s['handler']})", ""]
+    rows = []
+    for v in s["views"]:
+        fresh = ("stale: " + v["stale"]) if v["stale"] else (
+            "not listed yet" if not v["listed"] else f"refreshed {_age(v['refreshed_ago'])} ago")
+        rows.append([v["name"], v["bucket"], f"{v['ttl']:g} s", fresh])
+    lines.append(_table(rows, ["VIEW", "BUCKET", "TTL", "FRESHNESS"]))
+    c = s["counts"]
+    lines += ["", "files not in S3 yet: " + ", ".join(f"{c.get(k, 0)} {k}" for k in STATES)]
+    if s["files"]:
+        lines.append(_table([[f["path"], f["state"], _size(f["size"]), f.get("error") or ""]
+                             for f in s["files"]], ["FILE", "STATE", "SIZE", "ERROR"]))
+    cache = s["cache"]
+    lines += ["", f"cache: {_size(cache['bytes'])} in {cache['entries']} files "
+                  f"(bound {_size(cache['limit']) if cache['limit'] else 'none'}; "
+                  f"{_size(cache['dirty_bytes'])} dirty) in {s['cache_dir']}"]
+    return "\n".join(lines)
+
+
+def _listing_text(p: dict) -> str:
+    left = f"~{_age(p['eta'])} left of ~{p['expected']}" if p["eta"] is not None else "time left unknown"
+    return (f"{p['kind']}: {p['listed']} objects listed in {_age(p['seconds'])} "
+            f"({p['rate']:.0f}/s, {left})")
+
+
+def format_handler(s: dict) -> str:
+    src = s["source"]
+    lines = [f"handler: principal {s['principal']}, up {_age(s['uptime'])}",
+             f"events: {src['kind']} {src['queue']} {src['state']}"
+             + (f" ({src['error']})" if src.get("error") else "")
+             + f"; {src['messages'] if src['messages'] is not None else '?'} waiting"
+             + ("; no event applied yet" if src["newest_event_age"] is None
+                else f"; newest applied event {_age(src['newest_event_age'])} old"), ""]
+    rows = []
+    for name, b in sorted(s["buckets"].items()):
+        if "listing" in b:
+            detail = _listing_text(b["listing"])
+        elif b.get("scanned"):
+            detail = f"listed {_age(time.time() - b['scanned'])} ago"
+        else:
+            detail = ""
+        if b.get("scan_error"):
+            detail += f" (failing: {b['scan_error']})"
+        rows.append([name, b["state"], detail])
+    lines.append(_table(rows, ["BUCKET", "STATE", "PROGRESS"]) if rows else "buckets: none you may read")
+    lines.append("")
+    vrows = [[v["id"], v["bucket"], v["root"] or "/", "ready" if v["ready"] else "building", str(v["clients"])]
+             for v in s["views"]]
+    lines.append(_table(vrows, ["VIEW ID", "BUCKET", "ROOT", "STATE", "CLIENTS"]) if vrows
+                 else "views: none you may read")
+    dl = s["dead_letters"]
+    lines += ["", f"dead letters: {dl['count']}"]
+    for d in dl["recent"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["time"]))
+        lines.append(f"  {when} {d['bucket'] or '-'}: {d['reason']}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """``delvefs status [MOUNT] [--handler [URL]] [--json]``."""
+    from ..shared.config import handler_token, handler_url
+
+    try:
+        if args.handler is not None:
+            from .handler_api import HandlerError, SyncHandlerClient
+            with SyncHandlerClient(handler_url(args.handler or None), handler_token(), timeout=20) as client:
+                try:
+                    answer = client.status()
+                except HandlerError as exc:
+                    print(f"delvefs status: {exc}", file=sys.stderr)
+                    return 1
+            text = format_handler
+        elif args.mountpoint:
+            answer = request(args.mountpoint, "status", timeout=30)
+            text = format_mount
+        else:
+            print("delvefs status: name a MOUNT, or --handler", file=sys.stderr)
+            return 2
+    except ControlError as exc:
+        print(f"delvefs status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2) if args.json else text(answer))
+    return 0

@@ -1,0 +1,515 @@
+"""Conditional uploads and conflict copies, journal replay that never clobbers, eager mode
+(background uploads, batched deletes, sync, upload states) — the core against the fakes."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+import trio
+
+from delvefs.client import datacache
+from delvefs.client.errors import FsError
+
+from .conftest import view
+
+pytestmark = pytest.mark.trio
+
+W = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
+def wview(name="v", **kw):
+    kw.setdefault("writable", True)
+    return view(name, **kw)
+
+
+def conflict_names(names: list[str], name: str) -> list[str]:
+    return [n for n in names if n.startswith(name + ".conflict-")]
+
+
+# ------------------------------------------------------------ conditional uploads
+
+async def test_close_after_another_writer_changed_the_object_keeps_a_conflict_copy(make_world):
+    w = make_world(wview())
+    w.add("v", "data/f", b"base")
+    await w.start()
+    fh, _ = await w.open_write("v/f", os.O_RDWR)
+    await w.fs.write(fh, 0, b"mine")
+    w.store.put("b", "data/f", b"theirs")          # another writer, while it is open
+    with pytest.raises(FsError) as e:
+        await w.close(fh)
+    assert e.value.errno == errno.EIO
+    assert w.obj("v", "data/f")["data"] == b"theirs"            # never overwritten
+    names = await w.names("v")
+    [copy] = conflict_names(names, "f")
+    assert await w.read(f"v/{copy}") == b"mine"                 # never dropped
+    assert await w.read("v/f") == b"theirs"                     # the key shows S3's version
+    assert ("b", f"data/{copy}") not in w.store.objects         # the copy is not uploaded
+    [report] = w.fs.upload_report()
+    assert report["state"] == "conflict" and report["path"] == f"v/{copy}"
+    assert (await w.fs.getxattr((await w.path(f"v/{copy}")).ino,
+                                "user.delvefs.upload")).startswith(b"conflict: ")
+    assert w.fs.conflict_copies() and w.fs.scratch_files() == []
+    # renamed to a name of its own, the copy is an ordinary file again: uploaded
+    top = await w.path("v")
+    await w.fs.rename(top.ino, copy, top.ino, "f.mine")
+    assert w.obj("v", "data/f.mine")["data"] == b"mine"
+    assert w.fs.upload_report() == []
+
+
+async def test_a_new_file_does_not_overwrite_an_object_created_meanwhile(make_world):
+    w = await make_world(wview()).start()
+    fh, _ = await w.open_write("v/new")
+    await w.fs.write(fh, 0, b"mine")
+    w.store.put("b", "data/new", b"theirs")         # If-None-Match: * fails
+    with pytest.raises(FsError):
+        await w.close(fh)
+    assert w.obj("v", "data/new")["data"] == b"theirs"
+    assert conflict_names(await w.names("v"), "new")
+
+
+async def test_consecutive_closes_of_one_file_are_each_based_on_the_last_upload(make_world):
+    w = make_world(wview())
+    w.add("v", "data/f", b"one")
+    await w.start()
+    await w.write("v/f", b"two")
+    await w.write("v/f", b"three", os.O_WRONLY)      # based on "two", not the listing's "one"
+    fh, _ = await w.open_write("v/f", os.O_RDWR)
+    await w.fs.write(fh, 0, b"4")
+    await w.fs.fsync(fh)
+    await w.fs.write(fh, 1, b"4")                    # written again after the fsync's upload
+    await w.close(fh)
+    assert w.obj("v", "data/f")["data"] == b"44ree"
+    assert w.store.conflicts == 0
+
+
+# ------------------------------------------------------------ journal replay
+
+async def test_replay_after_a_crash_never_clobbers_a_newer_object(make_world):
+    w = make_world(wview())
+    w.add("v", "data/kept", b"base")
+    w.add("v", "data/gone", b"base")
+    await w.start()
+    w.store.fail_writes = errno.EIO
+    for name in ("kept", "gone", "fine"):
+        with pytest.raises(FsError):
+            await w.write(f"v/{name}", f"pre-crash {name}".encode())
+    w.store.fail_writes = None
+    w.store.put("b", "data/kept", b"newer")          # meanwhile, by someone else
+    w.remove("v", "data/gone")                       # deleted on purpose
+    w2 = w.restart()                                 # SIGKILL, then a new mount
+    await w2.start()
+    w2.fs.recover()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w2.fs.run_uploads)
+        while w2.fs._pending:
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert w2.obj("v", "data/kept")["data"] == b"newer"
+    assert w2.obj("v", "data/gone") is None          # not brought back
+    assert w2.obj("v", "data/fine")["data"] == b"pre-crash fine"
+    names = await w2.names("v")
+    for name in ("kept", "gone"):
+        [copy] = conflict_names(names, name)
+        assert await w2.read(f"v/{copy}") == f"pre-crash {name}".encode()
+    # the conflict copies stay in the journal, also for the mount after
+    w3 = w2.restart()
+    await w3.start()
+    w3.fs.recover()
+    assert len(conflict_names(await w3.names("v"), "kept")) == 1
+    assert sorted(r["state"] for r in w3.fs.upload_report()) == ["conflict", "conflict"]
+
+
+@pytest.mark.parametrize("existing, outside, uploaded", [
+    (False, None, True), (False, b"theirs", False), (True, b"theirs", True), (True, None, False)])
+async def test_an_old_journal_record_without_a_base_is_replayed_after_a_head(
+        make_world, existing, outside, uploaded):
+    w = make_world(wview())
+    await w.start()
+    if outside is not None:
+        w.store.put("b", "data/f", outside)
+    w.store.fail_writes = errno.EIO
+    with pytest.raises(FsError):
+        await w.write("v/f", b"old record")
+    w.store.fail_writes = None
+    [record] = list(w.cache.journal.iterdir())
+    r = json.loads(record.read_text())
+    del r["base"]                                    # as an older version wrote it
+    r["existing"] = existing
+    record.write_text(json.dumps(r))
+    w2 = w.restart()
+    await w2.start()
+    w2.fs.recover()
+    [entry] = w2.fs.dirty.entries()
+    try:
+        await w2.fs._upload(entry)
+    except FsError:
+        pass
+    data = (w2.obj("v", "data/f") or {}).get("data")
+    assert (data == b"old record") is uploaded
+    if not uploaded:
+        assert data == outside
+        assert conflict_names(await w2.names("v"), "f")
+
+
+async def test_a_failed_journal_write_is_tried_again(make_world):
+    w = await make_world(wview()).start()
+    fh, _ = await w.open_write("v/f")
+    entry = w.cache.get("b", "data/f")
+    real = w.cache.write_record
+    w.cache.write_record = lambda *a, **kw: (_ for _ in ()).throw(
+        datacache.StoreError(errno.ENOSPC, "journal: disk full"))
+    with pytest.raises(FsError) as e:
+        await w.fs.write(fh, 0, b"x")
+    assert e.value.errno == errno.ENOSPC and not entry.journaled
+    w.cache.write_record = real
+    await w.fs.write(fh, 0, b"x")                    # journaled now, before the byte
+    assert entry.journaled and len(os.listdir(w.cache.journal)) == 1
+    await w.close(fh)
+
+
+async def test_journals_of_earlier_mounts_elsewhere_are_taken_over_once(tmp_path):
+    views = tmp_path / "views.yaml"
+    views.write_text("v: {bucket: b, object: 'data/*'}\n")
+    root = tmp_path / "mounts"
+    old, new, busy = root / "old", root / "new", root / "busy"
+    for d in (old, busy):
+        os.close(datacache.claim(d, str(views)))
+        (d / "journal").mkdir()
+        (d / "data").mkdir()
+        (d / "data" / "w-1").write_bytes(b"dirty")
+        (d / "journal" / "w-1.json").write_text(json.dumps(
+            {"file": "w-1", "bucket": "b", "key": "data/f", "view": "v", "base": ""}))
+    held = datacache.claim(busy, str(views))        # a live mount holds this one
+    try:
+        fd = datacache.claim(new, str(views))
+        with pytest.raises(BlockingIOError):        # one mount per cache dir
+            datacache.claim(new, str(views))
+        assert datacache.adopt_orphans(new, root, str(views)) == [str(old)]
+        assert (new / "data" / "w-1").read_bytes() == b"dirty"
+        assert os.listdir(old / "journal") == [] and os.listdir(busy / "journal") == ["w-1.json"]
+        other = tmp_path / "other.yaml"
+        other.write_text("x: {bucket: b, object: 'x/*'}\n")
+        assert datacache.adopt_orphans(root / "third", root, str(other)) == []
+        cache = datacache.DataCache(new)
+        assert [r["key"] for r in cache.recovered] == ["data/f"]
+        os.close(fd)
+    finally:
+        os.close(held)
+
+
+# ------------------------------------------------------------ eager mode
+
+async def eager_world(make_world, *views):
+    w = await make_world(*(views or (wview(),))).start()
+    w.fs.eager = True
+    return w
+
+
+async def settle(w):
+    """Until every queued upload and delete is done (or failed once), and the journal
+    records of the uploaded files are gone."""
+    while w.fs._pending and not w.fs._failures or w.fs._deletes and not any(
+            d["error"] for d in w.fs._deletes.values()) or w.cache.removals_pending():
+        await trio.sleep(0.005)
+
+
+async def test_eager_close_returns_before_the_upload_readers_here_see_it_at_once(make_world):
+    w = await eager_world(make_world)
+    async with trio.open_nursery() as nursery:
+        gate = trio.Event()
+        real = w.store.upload
+
+        async def held_upload(*a, **kw):
+            await gate.wait()
+            return await real(*a, **kw)
+        w.store.upload = held_upload
+        await nursery.start(w.fs.run_uploads)
+        await w.write("v/f", b"eager")               # returns: journaled, not uploaded
+        assert w.obj("v", "data/f") is None
+        assert await w.read("v/f") == b"eager" and await w.names("v") == ["f"]
+        assert len(os.listdir(w.cache.journal)) == 1
+        f = await w.path("v/f")
+        with trio.fail_after(5):                     # once the mount is idle
+            while not w.fs._uploading:
+                await trio.sleep(0.005)
+        assert await w.fs.getxattr(f.ino, "user.delvefs.upload") == b"uploading"
+        assert [r["state"] for r in w.fs.upload_report()] == ["uploading"]
+        gate.set()
+        await settle(w)
+        assert w.obj("v", "data/f")["data"] == b"eager"
+        with pytest.raises(FsError) as e:
+            await w.fs.getxattr(f.ino, "user.delvefs.upload")
+        assert e.value.errno == errno.ENODATA
+        assert os.listdir(w.cache.journal) == [] and w.fs.upload_report() == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_eager_uploads_run_many_at_a_time(make_world):
+    w = await eager_world(make_world)
+    w.fs.upload_concurrency = 4
+    running, most = 0, 0
+    real = w.store.upload
+    gate = trio.Event()
+
+    async def counted(*a, **kw):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await gate.wait()
+        running -= 1
+        return await real(*a, **kw)
+    w.store.upload = counted
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        for i in range(12):
+            await w.write(f"v/f{i}", b"x%d" % i)
+        with trio.fail_after(5):
+            while running < 4:
+                await trio.sleep(0.001)
+        await trio.sleep(0.01)
+        assert running == 4                        # no more than the bound
+        gate.set()
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert most == 4 and w.store.wcalls["upload"] == 12
+
+
+async def test_eager_failures_are_retried_reported_and_synced(make_world, mock_clock):
+    mock_clock.autojump_threshold = 0
+    w = await eager_world(make_world)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        w.store.fail_writes = errno.EIO
+        await w.write("v/f", b"kept")                # close succeeds: it is journaled
+        await trio.sleep(0.5)
+        f = await w.path("v/f")
+        state = await w.fs.getxattr(f.ino, "user.delvefs.upload")
+        assert state.startswith(b"failed: ") and b"fake S3 refuses" in state
+        [r] = w.fs.upload_report()
+        assert r["state"] == "failed" and r["path"] == "v/f" and r["size"] == 4
+        failed = await w.fs.sync_all()
+        assert len(failed) == 1 and failed[0].startswith("v/f: ")
+        w.store.fail_writes = None
+        assert await w.fs.sync_all() == []
+        assert w.obj("v", "data/f")["data"] == b"kept"
+        nursery.cancel_scope.cancel()
+
+
+async def test_eager_fsync_waits_for_the_upload(make_world):
+    w = await eager_world(make_world)
+    fh, _ = await w.open_write("v/f")
+    await w.fs.write(fh, 0, b"synced")
+    await w.fs.fsync(fh)
+    assert w.obj("v", "data/f")["data"] == b"synced"
+    await w.close(fh)
+
+
+async def test_eager_unlinks_are_one_delete_objects_batch(make_world):
+    w = make_world(wview())
+    for i in range(50):
+        w.add("v", f"data/d/f{i}", b"x")
+    await w.start()
+    w.fs.eager = True
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        d = await w.path("v/d")
+        for i in range(50):
+            await w.fs.unlink(d.ino, f"f{i}")      # each returns at once
+        top = await w.path("v")
+        await w.fs.rmdir(top.ino, "d")
+        assert await w.names("v") == []
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.store.delete_batches == 1 and len(w.store.deleted[0]) == 50
+    assert w.store.wcalls["delete"] == 0
+    assert not any(k.startswith("data/d/") for _, k in w.store.objects)
+
+
+async def test_eager_coalesces_renames_and_deletes_of_files_not_uploaded_yet(make_world):
+    w = await eager_world(make_world)
+    top = await w.path("v")
+    await w.write("v/tmp1", b"final")              # queued, not uploaded (no uploader yet)
+    await w.fs.rename(top.ino, "tmp1", top.ino, "final")
+    await w.write("v/doomed", b"never")
+    await w.fs.unlink(top.ino, "doomed")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert [u["key"] for u in w.store.uploaded] == ["data/final"]   # once, under its final name
+    assert w.store.wcalls["delete"] == 0 and w.store.delete_batches == 0
+
+
+async def test_an_upload_after_an_eager_unlink_of_its_key_sends_the_delete_first(make_world):
+    w = make_world(wview())
+    w.add("v", "data/f", b"old")
+    await w.start()
+    w.fs.eager = True
+    w.fs.delete_gather = 60.0                      # the batch would wait long
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        top = await w.path("v")
+        await w.fs.unlink(top.ino, "f")
+        await w.write("v/f", b"new")               # a new file: If-None-Match once deleted
+        with trio.fail_after(5):
+            await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.obj("v", "data/f")["data"] == b"new" and w.store.conflicts == 0
+
+
+async def test_a_killed_eager_mount_loses_nothing_close_returned_for(make_world):
+    w = await eager_world(make_world)
+    await w.write("v/a", b"alpha")                 # closed; the uploader never ran
+    fh, _ = await w.open_write("v/b")
+    await w.fs.write(fh, 0, b"beta")
+    w2 = w.restart()
+    await w2.start()
+    w2.fs.recover()
+    assert await w2.fs.sync_all() == []
+    assert w2.obj("v", "data/a")["data"] == b"alpha" and w2.obj("v", "data/b")["data"] == b"beta"
+
+
+# ------------------------------------------------------------ parts sent while written (strict)
+
+async def test_a_large_new_file_sends_its_parts_while_it_is_written(make_world):
+    w = await make_world(wview()).start()
+    w.fs.stream_parts = True                        # DELVEFS_UPLOAD_WHILE_WRITING=1
+    w.store.part_size = 1000
+    data = bytes(range(256)) * 20 + b"end"          # 5 full parts and 123 bytes
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        fh, _ = await w.open_write("v/big.bin")
+        for off in range(0, len(data), 700):
+            await w.fs.write(fh, off, data[off:off + 700])
+        [mp] = w.store.multiparts
+        with trio.fail_after(5):
+            while sorted(mp.sent) != [1, 2, 3, 4, 5]:  # before the close
+                await trio.sleep(0.001)
+        await w.fs.write(fh, 1500, b"X" * 10)         # into part 2, sent already
+        await w.close(fh)
+        expected = data[:1500] + b"X" * 10 + data[1510:]
+        assert w.obj("v", "data/big.bin")["data"] == expected
+        assert mp.sent.count(2) == 2 and mp.sent.count(6) == 1   # part 2 again, the last once
+        assert w.store.wcalls["upload"] == 0 and not mp.aborted
+        # renamed while written: the parts do not fit its new key; the whole file is uploaded
+        fh, _ = await w.open_write("v/other.bin")
+        await w.fs.write(fh, 0, data)
+        top = await w.path("v")
+        await w.fs.rename(top.ino, "other.bin", top.ino, "moved.bin")
+        await w.close(fh)
+        assert w.obj("v", "data/moved.bin")["data"] == data
+        with trio.fail_after(5):                      # aborted in the background
+            while not w.store.multiparts[1].aborted:
+                await trio.sleep(0.001)
+        assert w.store.wcalls["upload"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_parts_sent_while_written_complete_conditionally(make_world):
+    w = await make_world(wview()).start()
+    w.fs.stream_parts = True
+    w.store.part_size = 1000
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        fh, _ = await w.open_write("v/big.bin")
+        await w.fs.write(fh, 0, b"m" * 3000)
+        w.store.put("b", "data/big.bin", b"theirs")   # created meanwhile by someone else
+        with pytest.raises(FsError):
+            await w.close(fh)
+        assert w.obj("v", "data/big.bin")["data"] == b"theirs"
+        [copy] = conflict_names(await w.names("v"), "big.bin")
+        assert await w.read(f"v/{copy}") == b"m" * 3000
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_rename_onto_a_name_whose_delete_is_queued_sends_the_delete_first(make_world):
+    w = make_world(wview())
+    w.add("v", "data/a", b"moved")
+    w.add("v", "data/b", b"removed")
+    await w.start()
+    w.fs.eager = True
+    w.fs.delete_gather = 60.0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        top = await w.path("v")
+        await w.fs.unlink(top.ino, "b")            # queued
+        with trio.fail_after(5):
+            await w.fs.rename(top.ino, "a", top.ino, "b")
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.obj("v", "data/b")["data"] == b"moved" and w.obj("v", "data/a") is None
+
+
+# ------------------------------------------------------------ eager: reopening right after a close
+
+async def test_eager_reopen_after_the_upload_keeps_the_inode_and_closes_cleanly(make_world):
+    """truncate(2), an open for appending and its close right after an eager close, whose
+    upload finishes meanwhile (the kernel sends the first handle's release late)."""
+    w = await eager_world(make_world)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        top = await w.path("v")
+        fh, node = await w.fs.create(top.ino, "f", W)
+        await w.fs.write(fh, 0, b"x" * 100)
+        await w.fs.flush(fh)                          # close(2) returns; release comes later
+        fh2, _ = await w.fs.open(node.ino, os.O_WRONLY | os.O_APPEND)
+        await w.fs.release(fh)
+        await settle(w)                               # its upload finished meanwhile
+        await w.fs.flush(fh2)                         # an append of nothing: no error
+        await w.fs.release(fh2)
+        await settle(w)
+        assert w.obj("v", "data/f")["data"] == b"x" * 100
+        await w.fs.setattr(node.ino, size=150)        # truncate(2) of the same inode
+        fh3, _ = await w.fs.open(node.ino, os.O_WRONLY | os.O_APPEND)
+        await w.fs.write(fh3, 150, b"a")
+        await w.fs.flush(fh3)
+        await w.fs.release(fh3)
+        assert await w.fs.sync_all() == []
+        assert w.obj("v", "data/f")["data"] == b"x" * 100 + b"\0" * 50 + b"a"
+        assert os.listdir(w.cache.journal) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_eager_uploads_give_way_while_requests_come_and_run_all_once_idle(make_world):
+    w = await eager_world(make_world)
+    w.fs.upload_concurrency, w.fs.upload_idle = 8, 60.0   # "busy" for the whole test
+    running, most = 0, 0
+    real, gate = w.store.upload, trio.Event()
+
+    async def counted(*a, **kw):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await gate.wait()
+        running -= 1
+        return await real(*a, **kw)
+    w.store.upload = counted
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        for i in range(6):
+            await w.write(f"v/f{i}", b"x")
+        await trio.sleep(0.01)
+        assert running == w.fs.upload_busy == 0           # the writer goes first
+        w.fs.backlog_files = 6                             # past the backlog bound: all of them
+        w.fs._kick.set()
+        with trio.fail_after(5):
+            while running < 6:
+                await trio.sleep(0.001)
+        gate.set()
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.store.wcalls["upload"] == 6 and os.listdir(w.cache.journal) == []
+
+
+async def test_a_record_written_again_before_its_background_removal_stays(make_world):
+    w = await eager_world(make_world)
+    await w.write("v/f", b"x")
+    entry = w.cache.get("b", "data/f")
+    record = dict(entry.meta)
+    w.cache._doomed_kick = trio.Event()                  # as while run_removals runs
+    w.cache.remove_record(record)                        # uploaded: its record is doomed ...
+    w.cache.write_record(record)                         # ... dirty again before it went
+    w.cache.remove_doomed()
+    assert os.listdir(w.cache.journal) == [record["file"] + ".json"]

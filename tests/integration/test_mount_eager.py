@@ -1,0 +1,99 @@
+"""Eager mode, `delvefs sync`, conditional uploads and journal replay through a real mount
+(real MinIO, RabbitMQ, handler and FUSE)."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import pytest
+
+from ..waiting import wait_until
+from .mounts import data_views, handler, listdir, mounts, put  # noqa: F401
+from .test_mount_write import get, keys
+
+pytestmark = [pytest.mark.services, pytest.mark.fuse]
+
+
+def conflict_copies(directory, name: str) -> list[str]:
+    return [n for n in os.listdir(directory) if n.startswith(name + ".conflict-")]
+
+
+def test_eager_closes_then_sync_uploads_and_batched_deletes(mounts, s3, bucket):
+    mp = mounts.mount(data_views(bucket), "--eager")
+    (mp / "data/d").mkdir()
+    for i in range(40):
+        (mp / f"data/d/f{i}.txt").write_bytes(b"eager %d" % i)
+    assert (mp / "data/d/f7.txt").read_bytes() == b"eager 7"    # read your writes, at once
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert sorted(k for k in keys(s3, bucket) if k.startswith("data/d/")) == \
+        sorted(f"data/d/f{i}.txt" for i in range(40))
+    assert get(s3, bucket, "data/d/f7.txt") == b"eager 7"
+    with pytest.raises(OSError) as e:                             # clean: no upload state
+        os.getxattr(mp / "data/d/f7.txt", "user.delvefs.upload")
+    assert e.value.errno == errno.ENODATA
+    shutil.rmtree(mp / "data/d")                                  # unlinks return at once
+    assert "d" not in listdir(mp / "data")
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert not [k for k in keys(s3, bucket) if k.startswith("data/d/")]
+    log = (mounts.tmp / f"cache-{mounts.count}" / "mount.log").read_text()
+    assert "DeleteObjects" in log and "DELETE " not in log       # batched, none one by one
+    r = mounts.run("sync", str(mounts.tmp))
+    assert r.returncode == 1 and "not mounted" in r.stderr
+
+
+def test_a_close_after_another_writer_changed_the_object_keeps_both(mounts, s3, bucket):
+    put(s3, bucket, "data/shared.txt", b"base")
+    mp = mounts.mount(data_views(bucket))
+    f = open(mp / "data/shared.txt", "r+b")
+    f.write(b"mine")
+    put(s3, bucket, "data/shared.txt", b"theirs")               # another S3 client
+    with pytest.raises(OSError) as e:
+        f.close()                                                # If-Match fails: EIO
+    assert e.value.errno == errno.EIO
+    assert get(s3, bucket, "data/shared.txt") == b"theirs"
+    [copy] = conflict_copies(mp / "data", "shared.txt")
+    assert (mp / "data" / copy).read_bytes() == b"mine"
+    assert os.getxattr(mp / "data" / copy, "user.delvefs.upload").startswith(b"conflict: ")
+    assert get(s3, bucket, f"data/{copy}") is None              # never uploaded
+    r = mounts.umount(mp)
+    assert f"conflict copy left behind (never uploaded): data/{copy}" in r.stderr
+
+
+def test_a_sigkilled_mount_is_replayed_elsewhere_without_clobbering(mounts, s3, bucket):
+    """A mount dies with dirty files; its journal is found by a mount of the same views
+    file at another mount point (another cache dir) and replayed conditionally."""
+    put(s3, bucket, "data/kept.txt", b"base")
+    state = mounts.tmp / "state" / "mounts"
+    views = data_views(bucket)
+    mp = mounts.mount(views, "--eager", cache_dir=state / "first")
+    # both stay open (journaled at their first write), so that the crash certainly comes
+    # before any upload
+    kept = os.open(mp / "data/kept.txt", os.O_WRONLY | os.O_APPEND)   # based on "base"
+    os.write(kept, b" + mine")
+    new = os.open(mp / "data/new.txt", os.O_WRONLY | os.O_CREAT)
+    os.write(new, b"journaled, never closed")
+    mounts.kill(mp)
+    for fd in (kept, new):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    put(s3, bucket, "data/kept.txt", b"newer, by someone else")
+    # the same views file mounted again, elsewhere: the first cache dir is an orphan
+    second = mounts.tmp / "elsewhere"
+    second.mkdir()
+    views_file = mounts.tmp / f"views-{mounts.count}.yaml"
+    r = mounts.run("mount", str(views_file), str(second), "--cache-dir", str(state / "second"))
+    assert r.returncode == 0, r.stderr
+    mounts.mounted.append(str(second))
+    wait_until(lambda: get(s3, bucket, "data/new.txt") == b"journaled, never closed", 60,
+               "the orphaned journal's new file uploaded")
+    r = mounts.run("sync", str(second))
+    assert r.returncode == 1 and "conflict copy" in r.stderr, r.stderr
+    assert get(s3, bucket, "data/kept.txt") == b"newer, by someone else"   # not clobbered
+    [copy] = conflict_copies(second / "data", "kept.txt")
+    assert (second / "data" / copy).read_bytes() == b"base + mine"
+    assert os.listdir(state / "first" / "journal") == []         # taken over, once

@@ -1,0 +1,213 @@
+"""`delvefs mount -o ...`, the long flags they stand for, the config file, the mode bits
+and read-only mounts in the core (no kernel), --version, cache sizes and the cache's
+free-space floor."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from delvefs import __version__
+from delvefs.cli import build_parser, main
+from delvefs.client import mount, options
+from delvefs.client.errors import FsError
+from delvefs.client.options import OptionError
+from tests.core.conftest import World, view
+
+
+def parse_mount(*argv):
+    args = build_parser().parse_args(["mount", "v.yaml", "/mnt", *argv])
+    options.apply(args)
+    return args
+
+
+def test_o_options_set_what_the_long_flags_set():
+    by_o = parse_mount("-o", "allow_other,uid=1234,gid=99,umask=027,file_mode=0640,dir_mode=750",
+                       "-o", "ro,auto_unmount,cache_size=10G,log_level=debug,handler=http://h:1")
+    by_flags = parse_mount("--allow-other", "--uid", "1234", "--gid", "99", "--umask", "027",
+                           "--file-mode", "0640", "--dir-mode", "750", "--read-only", "--auto-unmount",
+                           "--cache-size", "10G", "--log-level", "debug", "--handler", "http://h:1")
+    for name, option in options.OPTIONS.items():
+        assert getattr(by_o, option.dest, None) == getattr(by_flags, option.dest, None), name
+    assert by_o.uid == 1234 and by_o.umask == 0o027 and by_o.file_mode == 0o640 and by_o.read_only
+    assert by_o.default_permissions  # implied by allow_other
+
+
+def test_a_flag_wins_over_the_same_option():
+    args = parse_mount("-o", "uid=1,cache_size=1G", "--uid", "2")
+    assert args.uid == 2 and args.cache_size == "1G"
+
+
+def test_handler_repeats_and_escaped_commas_make_one_list():
+    assert parse_mount("-o", "handler=http://a:1,handler=http://b:2").handler == "http://a:1,http://b:2"
+    assert parse_mount("-o", r"handler=http://a:1\,http://b:2").handler == "http://a:1,http://b:2"
+
+
+def test_fstab_generic_options_are_ignored():
+    args = parse_mount("-o", "rw,nosuid,nodev,noauto,user,_netdev,nofail,defaults,"
+                             "x-systemd.automount,x-systemd.requires=network-online.target,ro")
+    assert args.read_only and not args.allow_other
+
+
+@pytest.mark.parametrize("text, message", [
+    ("colour=blue", "unknown mount option 'colour'; known: allow_other"),
+    ("uid", "needs a value"),
+    ("ro=1", "takes no value"),
+    ("umask=999", "octal"),
+    ("file_mode=01777", "at most 0777"),
+    ("uid=no-such-user-here", "no such user"),
+    ("log_level=loud", "one of debug"),
+    ("allow_other,allow_root", "exclude each other"),
+])
+def test_bad_options_are_refused_clearly(text, message):
+    with pytest.raises(OptionError, match=message):
+        parse_mount("-o", text)
+
+
+def test_the_command_refuses_bad_options_with_status_2(capsys):
+    assert main(["mount", "v.yaml", "/nonexistent", "-o", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("delvefs mount: unknown mount option 'bogus'") and "allow_other" in err
+
+
+def test_forwarded_flags_give_the_daemon_the_same_settings():
+    args = parse_mount("-o", "ro,uid=7,umask=022,allow_root,cache_size=2GB,debug")
+    again = parse_mount(*options.forward_flags(args))
+    for option in options.OPTIONS.values():
+        assert getattr(again, option.dest, None) == getattr(args, option.dest, None), option.dest
+
+
+def test_config_file_sets_environment_and_refuses_the_rest(tmp_path):
+    f = tmp_path / "mount.env"
+    f.write_text("# S3 and handler for fstab mounts\nexport AWS_ENDPOINT_URL=http://s3:9000\n"
+                 "AWS_ACCESS_KEY_ID='key'\nDELVEFS_HANDLER_URL=\"http://h:8731\"\n\n")
+    f.chmod(0o600)
+    env: dict = {}
+    assert options.load_config(str(f), env) == {"AWS_ENDPOINT_URL": "http://s3:9000",
+                                                "AWS_ACCESS_KEY_ID": "key",
+                                                "DELVEFS_HANDLER_URL": "http://h:8731"}
+    assert env["AWS_ACCESS_KEY_ID"] == "key"
+    f.write_text("LD_PRELOAD=/tmp/evil.so\n")
+    with pytest.raises(OptionError, match="LD_PRELOAD may not be set here"):
+        options.load_config(str(f), {})
+    f.write_text("no equals sign\n")
+    with pytest.raises(OptionError, match=r"mount.env:1: expected KEY=VALUE"):
+        options.load_config(str(f), {})
+    f.write_text("AWS_REGION=x\n")
+    f.chmod(0o622)
+    with pytest.raises(OptionError, match="writable by group or others"):
+        options.load_config(str(f), {})
+    with pytest.raises(OptionError, match="No such file"):
+        options.load_config(str(tmp_path / "missing.env"), {})
+
+
+def test_allow_other_needs_user_allow_other_for_users(tmp_path, monkeypatch):
+    conf = tmp_path / "fuse.conf"
+    conf.write_text("# user_allow_other\nmount_max = 1000\n")
+    monkeypatch.setattr(os, "getuid", lambda: 1000)
+    args = SimpleNamespace(allow_other=True, allow_root=False)
+    with pytest.raises(OptionError, match=f"allow_other needs a line 'user_allow_other' in {conf}"):
+        options.check_allow_other(args, str(conf))
+    conf.write_text("user_allow_other\n")
+    options.check_allow_other(args, str(conf))
+
+
+def test_fuse_options_follow_the_settings():
+    assert options.fuse_options(parse_mount("-o", "allow_other,auto_unmount")) == {
+        "allow_other", "default_permissions", "auto_unmount"}
+    assert options.fuse_options(parse_mount()) == set()
+
+
+def test_mount_helper_turns_mount8_arguments_into_delvefs_mount(monkeypatch):
+    seen = []
+    monkeypatch.setattr("delvefs.cli.main", lambda argv: seen.append(argv) or 0)
+    assert options.main_helper(["/etc/v.yaml", "/mnt/v", "-n", "-o", "rw,uid=5", "-t", "fuse.delvefs"]) == 0
+    assert seen == [["mount", "/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5"]]
+    assert options.main_helper(["only-one"]) == 2
+
+
+def test_version_on_every_command(capsys):
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for argv in [[], *[[c] for c in commands], ["principal", "add"]]:
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args([*argv, "--version"])
+        assert exit_.value.code == 0
+        assert capsys.readouterr().out.strip() == f"delvefs {__version__}", argv
+
+
+@pytest.mark.parametrize("text, size", [("10G", 10 << 30), ("10GiB", 10 << 30), ("10GB", 10 * 10**9),
+                                        ("500M", 500 << 20), ("1.5k", 1536), ("1000000", 10**6)])
+def test_cache_size_units(text, size):
+    assert mount.parse_cache_size(text) == size
+
+
+def test_cache_keeps_a_free_space_floor(tmp_path, monkeypatch):
+    from delvefs.client.datacache import CacheEntry, DataCache
+    cache = DataCache(tmp_path)
+    for i in range(4):
+        e = CacheEntry("b", f"k{i}", str(tmp_path / f"f{i}"))
+        e.size = 100
+        cache.add(e)
+    total = cache.bytes
+    cache.evict()  # no limit, plenty of space: nothing goes
+    assert cache.bytes == total
+    monkeypatch.setattr(cache, "_space_shortfall", lambda: 150)
+    cache.evict()  # the two least recently used make room
+    assert cache.bytes == total - 200 and [k for _, k in cache.entries] == ["k2", "k3"]
+
+
+# ----------------------------------------------------------------- the core, no kernel
+
+async def first_file(w):
+    return await w.path("v/a")
+
+
+@pytest.mark.trio
+async def test_modes_owner_and_umask_as_stat_shows_them(tmp_path):
+    w = World(tmp_path, [view("v", writable=True)])
+    w.add("v", "data/a", b"x")
+    w.fs.file_mode, w.fs.dir_mode, w.fs.umask = 0o664, 0o775, 0o002
+    await w.start()
+    f, d = await first_file(w), await w.path("v")
+    assert stat.S_IMODE(w.fs.stat(f)[0]) == 0o664 and stat.S_ISREG(w.fs.stat(f)[0])
+    assert stat.S_IMODE(w.fs.stat(d)[0]) == 0o775 and stat.S_ISDIR(w.fs.stat(d)[0])
+    w.fs.umask = 0o077
+    assert stat.S_IMODE(w.fs.stat(f)[0]) == 0o600
+    assert (w.fs.uid, w.fs.gid) == (1000, 1000)
+
+
+@pytest.mark.trio
+async def test_read_only_mount_refuses_every_write(tmp_path, monkeypatch):
+    views = tmp_path / "views.yaml"
+    views.write_text("v:\n  bucket: bkt\n  object: 'data/*'\n  writable: true\n")
+    monkeypatch.setattr(mount, "_read_only", True)
+    loaded = mount._load_views(str(views))
+    assert [v.writable for v in loaded] == [False]
+    w = World(tmp_path, loaded)
+    w.add("v", "data/a", b"x")
+    await w.start()
+    f = await first_file(w)
+    assert stat.S_IMODE(w.fs.stat(f)[0]) == 0o444
+    top = await w.path("v")
+    for attempt in (lambda: w.write("v/new", b"y"), lambda: w.write("v/a", b"y"),
+                    lambda: w.fs.unlink(top.ino, "a"), lambda: w.fs.mkdir(top.ino, "d"),
+                    lambda: w.fs.setxattr(f.ino, "user.colour", b"red")):
+        with pytest.raises(FsError) as err:
+            await attempt()
+        assert err.value.errno == errno.EROFS
+    assert w.obj("v", "data/a")["data"] == b"x"
+    await trio.sleep(0)
+
+
+def test_mount_fuse3_form_of_the_command_mounts(monkeypatch):
+    """Without /sbin/mount.fuse.delvefs, mount(8) runs mount.fuse3, which runs
+    `delvefs VIEWS DIR -o OPTIONS` (it drops nofail/_netdev and adds dev,suid)."""
+    seen = []
+    monkeypatch.setattr(options, "main_helper", lambda argv: seen.append(argv) or 0)
+    assert main(["/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5,dev,suid"]) == 0
+    assert seen == [["/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5,dev,suid"]]
