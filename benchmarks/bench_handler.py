@@ -397,7 +397,7 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--objects", type=int, default=100_000)
     ap.add_argument("--scan-objects", type=int, default=100_000)
-    ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument("--latency-seconds", type=float, default=10.0, help="per latency client; 0: none")
     ap.add_argument("--skip-scan", action="store_true")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--scenarios", default="RAW,MATCH,DB_MATCH,TAGS,META",
@@ -453,9 +453,10 @@ def main() -> int:
         match_rate = statistics.median(h_['rate'] for lab, _, h_ in rows if lab == "MATCH") \
             if "MATCH" in wanted and rows else 15_000
         rate = args.latency_rate or 0.2 * match_rate
-        bare_lat = latency_bare(svc, rate, args.latency_seconds)
-        lats = [latency(svc, h, vid, rate, args.latency_seconds, mode) for mode in ("poll", "stream")]
-        print_latency(args, lats, bare_lat)
+        if args.latency_seconds > 0:  # 0: no latency runs
+            bare_lat = latency_bare(svc, rate, args.latency_seconds)
+            lats = [latency(svc, h, vid, rate, args.latency_seconds, mode) for mode in ("poll", "stream")]
+            print_latency(args, lats, bare_lat)
         if not args.skip_scan:
             sc = scan(svc, h, s3, args.scan_objects)
             print("\n### First scan of a bucket\n")

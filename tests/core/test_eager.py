@@ -246,34 +246,41 @@ async def test_eager_close_returns_before_the_upload_readers_here_see_it_at_once
         nursery.cancel_scope.cancel()
 
 
+class HeldUploads:
+    """Wraps the fake store's upload: each one waits at ``gate``; ``running`` counts those
+    under way, ``most`` the most at once."""
+
+    def __init__(self, w):
+        self.running = self.most = 0
+        self.gate = trio.Event()
+        self._real = w.store.upload
+        w.store.upload = self._held
+
+    async def _held(self, *a, **kw):
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await self.gate.wait()
+        self.running -= 1
+        return await self._real(*a, **kw)
+
+
 async def test_eager_uploads_run_many_at_a_time(make_world):
     w = await eager_world(make_world)
     w.fs.upload_concurrency = 4
-    running, most = 0, 0
-    real = w.store.upload
-    gate = trio.Event()
-
-    async def counted(*a, **kw):
-        nonlocal running, most
-        running += 1
-        most = max(most, running)
-        await gate.wait()
-        running -= 1
-        return await real(*a, **kw)
-    w.store.upload = counted
+    uploads = HeldUploads(w)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         for i in range(12):
             await w.write(f"v/f{i}", b"x%d" % i)
         with trio.fail_after(5):
-            while running < 4:
+            while uploads.running < 4:
                 await trio.sleep(0.001)
         await trio.sleep(0.01)
-        assert running == 4                        # no more than the bound
-        gate.set()
+        assert uploads.running == 4                # no more than the bound
+        uploads.gate.set()
         await settle(w)
         nursery.cancel_scope.cancel()
-    assert most == 4 and w.store.wcalls["upload"] == 12
+    assert uploads.most == 4 and w.store.wcalls["upload"] == 12
 
 
 async def test_eager_failures_are_retried_reported_and_synced(make_world, mock_clock):
@@ -475,29 +482,19 @@ async def test_eager_reopen_after_the_upload_keeps_the_inode_and_closes_cleanly(
 async def test_eager_uploads_give_way_while_requests_come_and_run_all_once_idle(make_world):
     w = await eager_world(make_world)
     w.fs.upload_concurrency, w.fs.upload_idle = 8, 60.0   # "busy" for the whole test
-    running, most = 0, 0
-    real, gate = w.store.upload, trio.Event()
-
-    async def counted(*a, **kw):
-        nonlocal running, most
-        running += 1
-        most = max(most, running)
-        await gate.wait()
-        running -= 1
-        return await real(*a, **kw)
-    w.store.upload = counted
+    uploads = HeldUploads(w)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         for i in range(6):
             await w.write(f"v/f{i}", b"x")
         await trio.sleep(0.01)
-        assert running == w.fs.upload_busy == 0           # the writer goes first
+        assert uploads.running == w.fs.upload_busy == 0   # the writer goes first
         w.fs.backlog_files = 6                             # past the backlog bound: all of them
         w.fs._kick.set()
         with trio.fail_after(5):
-            while running < 6:
+            while uploads.running < 6:
                 await trio.sleep(0.001)
-        gate.set()
+        uploads.gate.set()
         await settle(w)
         nursery.cancel_scope.cancel()
     assert w.store.wcalls["upload"] == 6 and os.listdir(w.cache.journal) == []
