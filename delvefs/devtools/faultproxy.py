@@ -27,6 +27,7 @@ mode) for trying things by hand.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import selectors
 import socket
@@ -210,6 +211,13 @@ class _Connection:
         counted = mode.direction == "both" or (mode.direction == "up") == upward
         if mode.name == "reset" and self.budget is not None and counted:
             if len(data) > self.budget:
+                # carry exactly the budget (however the bytes were chunked), then reset
+                carried = data[:self.budget]
+                self.budget = 0
+                if carried:
+                    self._observe(carried, upward)
+                    with contextlib.suppress(OSError):
+                        to.sendall(carried)
                 self.cut.set()
                 return False
             self.budget -= len(data)
