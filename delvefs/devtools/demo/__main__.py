@@ -47,6 +47,8 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
 
 
 def run(args) -> int:
+    # SIGTERM (a `timeout`, a CI runner giving up) tears down like Ctrl-C: nothing stays running
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.ExitStack() as stack:
         base = Path(args.workdir) if args.workdir else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="delvefs-demo-")))
