@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from delvefs.shared import s3
+from delvefs.shared import s3, s3lean
 from delvefs.shared.config import S3Settings
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
@@ -146,7 +146,7 @@ class FakeS3:
 
 
 def test_retries_throttling_and_server_errors_then_gives_up(monkeypatch):
-    monkeypatch.setattr(s3.time, "sleep", lambda s: None)  # botocore's backoff, not waited here
+    monkeypatch.setattr(s3lean.time, "sleep", lambda s: None)  # botocore's backoff, not waited here
     slow = (503, b"<Error><Code>SlowDown</Code><Message>Please reduce</Message></Error>", False)
     fake = FakeS3([slow, (500, b"", False)])
     try:
@@ -228,7 +228,7 @@ def test_malformed_tag_answers_are_errors(data):
 
 
 def test_tagging_requests_and_errors_as_for_boto3(monkeypatch):
-    monkeypatch.setattr(s3.time, "sleep", lambda s: None)
+    monkeypatch.setattr(s3lean.time, "sleep", lambda s: None)
     missing = (404, b"<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>", False)
     denied = (403, b"<Error><Code>AccessDenied</Code></Error>", False)
     slow = (503, b"<Error><Code>SlowDown</Code></Error>", False)
