@@ -40,7 +40,7 @@ def _views_report(core) -> list[dict]:
 
 async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
     """The control operation ``status`` (registered by delvefs/client/mount.py)."""
-    report = core.upload_report()  # files and deletes not in S3 yet (delvefs/client/fs/writes.py)
+    report = core.upload_report()  # files and deletes not in S3 yet (delvefs/client/fs/uploads.py)
     counts = {state: 0 for state in STATES}
     for f in report:
         counts[f["state"]] = counts.get(f["state"], 0) + 1

@@ -15,7 +15,9 @@ share is made here:
 ``tree``        edits of the directory tree (never awaiting), the overlay of local changes
 ``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs
 ``reads``       open, read, release
-``writes``      create, write, flush, fsync, truncate; uploads, retries, recovery, shutdown
+``writes``      create, write, flush, fsync, truncate
+``uploads``     conditional uploads and conflicts, eager uploads and batched deletes,
+                retries, recovery, sync, shutdown
 ``dirty``       the state of dirty files and their journal (:class:`DirtyFiles`)
 ``namespace``   unlink, mkdir, rmdir, rename
 ``xattrs``      tags, metadata and facts as extended attributes; a view's info and sync
@@ -28,7 +30,7 @@ are: waiting for a view refresh, handler HTTP calls, S3 calls (worker threads vi
 After each await, operations re-read the node/handle state instead of trusting what they
 saw before. Each module states its own rules: tree edits never await (``tree``), cache
 file I/O runs on the loop (``reads``), one dirty file's uploads, renames and unlinks take
-turns (``writes``).
+turns (``uploads``).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from .namespace import Namespace
 from .reads import FileHandle, Reads
 from .tree import OVERLAY_BOUND, Tree
 from .views import STALE_AFTER, ViewState, Views, scan_wait
+from .uploads import Uploads
 from .writes import Writes
 from .xattrs import Xattrs
 
@@ -61,7 +64,7 @@ class NullNotifier:
         pass
 
 
-class FileSystem(Attributes, Reads, Writes, Namespace, Xattrs, Views, Tree):
+class FileSystem(Attributes, Reads, Writes, Uploads, Namespace, Xattrs, Views, Tree):
     def __init__(self, views, handler, store, cache: DataCache, *, notifier=None,
                  uid: int | None = None, gid: int | None = None, page_size: int = 20000,
                  eager: bool = False, upload_concurrency: int = 16):

@@ -1,0 +1,528 @@
+"""The write path's background: conditional whole-object uploads, conflicts, eager
+uploads and batched deletes, retries, recovery, shutdown.
+
+A dirty file's upload (``_upload``: the view's ``set`` tags merged in, Content-Type from
+the name) is conditional on the version it was based on (If-Match / If-None-Match: *):
+when S3 has another version by then, the local copy is kept as a *conflict copy*
+``NAME.conflict-<UTC time>`` beside it (a local file of this mount, never uploaded;
+``_conflict``) and the other writer's object stays. A file left dirty is retried by
+``run_uploads`` with backoff. In eager mode ``run_uploads`` uploads up to
+``upload_concurrency`` files at a time (holding back while requests keep coming), and
+unlinks queue their DELETEs for ``run_deletes`` (DeleteObjects batches). ``sync_all``
+(``delvefs sync``) waits for both; ``shutdown`` uploads the rest at unmount; ``recover``
+schedules what an earlier mount's journal left.
+
+A file whose key cannot match its view (``can_match``, the compiled matcher) is a
+*scratch* file: never uploaded until a rename gives it a matching name. After an upload
+the change is applied to every view of the bucket in this mount at once and kept in the
+views' overlay until the handler's delta shows it (by ETag) or ``overlay_bound`` passes
+(``delvefs.client.fs.tree``).
+
+Uploads, renames and unlinks of one dirty entry are serialized by the entry's lock
+(``_entry_lock``): an unlink or rename never races an upload into a junk object. An upload
+of a key whose DELETE is still queued sends that delete first (``_settle_delete``).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import mimetypes
+import os
+import time
+
+import trio
+
+from ..datacache import CacheEntry
+from ..errors import Changed, FsError, StoreError, store_failure
+from .inodes import relative_path
+from .tree import Pending
+from .views import ViewState
+
+log = logging.getLogger(__name__)
+
+
+class Uploads:
+    """The background of the write path of :class:`delvefs.client.fs.core.FileSystem`."""
+
+    def _schedule(self, entry: CacheEntry, *, failed: bool = False) -> None:
+        name = os.path.basename(entry.path)
+        self._pending[name] = entry
+        if not entry.journaled:  # left to the background: must survive a crash now
+            try:
+                self.dirty.journal(entry)
+            except StoreError as exc:
+                log.warning("journal of %s/%s: %s", entry.bucket, entry.key, exc)
+        if failed:
+            _, delay = self._retry.get(name, (0.0, 0.0))
+            delay = min(self.retry_max, max(self.retry_initial, delay * 2))
+            self._retry[name] = (trio.current_time() + delay, delay)
+        self._kick.set()
+
+    def _unschedule(self, entry: CacheEntry) -> None:
+        name = os.path.basename(entry.path)
+        self._drop_stream(entry)
+        self._pending.pop(name, None)
+        self._retry.pop(name, None)
+        self._failures.pop(name, None)
+
+    def _upload_failed(self, entry: CacheEntry, reason: str) -> None:
+        self._failures[os.path.basename(entry.path)] = reason
+        self._schedule(entry, failed=True)
+
+    def _final_tags(self, entry: CacheEntry, vs: ViewState | None, remote: dict | None) -> dict:
+        tags = dict(remote or {})
+        if vs is not None:
+            tags.update(vs.set)
+        tags.update(entry.meta.get("tags") or {})
+        for t in entry.meta.get("untag") or ():
+            tags.pop(t, None)
+        return tags
+
+    async def _upload(self, entry: CacheEntry) -> bool:
+        """Upload a dirty entry as its object, conditional on the version it is based on:
+        True when uploaded (or clean already), False when it is a scratch file (its name
+        cannot match its view) or a conflict copy. Raises FsError (one log line naming the
+        object); the entry then stays dirty and is retried — or, when S3 has another
+        version, is kept as a conflict copy (EIO)."""
+        async with self._entry_lock(entry):
+            if not entry.dirty or entry.meta is None:
+                return True
+            if entry.meta.get("conflict"):
+                return False
+            bucket, key, meta = entry.bucket, entry.key, entry.meta
+            vs = self.by_name.get(meta.get("view"))
+            base = meta.get("base")
+            remote = None
+            try:
+                await self._settle_delete(bucket, key)
+                if base is None:  # a record without its base (an older journal): ask S3
+                    try:
+                        base = (await self.store.head(bucket, key))["etag"]
+                    except StoreError as exc:
+                        if exc.errno != errno.ENOENT:
+                            raise
+                        base = ""
+                    if bool(base) != bool(meta.get("existing")):
+                        raise Changed(f"{bucket}/{key} was " + (
+                            "created" if base else "deleted") + " by someone else meanwhile")
+                if base:
+                    try:
+                        remote = await self.store.tags(bucket, key)
+                    except StoreError as exc:
+                        if exc.errno == errno.ENOENT:
+                            raise Changed(f"{bucket}/{key}: the object this file was based on "
+                                          "was deleted meanwhile") from None
+                        raise
+            except Changed as exc:
+                await self._conflict(entry, str(exc))
+                raise FsError(errno.EIO, str(exc), logged=True) from exc
+            except StoreError as exc:
+                self._upload_failed(entry, str(exc))
+                raise store_failure(exc, "uploading (tags of)", bucket, key) from exc
+            if not entry.dirty or entry.meta is None:
+                return True
+            tags = self._final_tags(entry, vs, remote)
+            size = entry.size
+            if vs is not None and not self.can_match(vs, key, size, tags):
+                self._unschedule(entry)
+                return False
+            gen = entry.gen
+            ctype = mimetypes.guess_type(key)[0] or "application/octet-stream"
+            name = os.path.basename(entry.path)
+            self._uploading.add(name)
+            try:
+                info = await self._send(entry, size, tags, ctype, base)
+            except Changed as exc:
+                await self._conflict(entry, str(exc))
+                raise FsError(errno.EIO, str(exc), logged=True) from exc
+            except StoreError as exc:
+                self._upload_failed(entry, str(exc))
+                raise store_failure(exc, "uploading", bucket, key) from exc
+            finally:
+                self._uploading.discard(name)
+            self.uploads += 1
+            self._unschedule(entry)
+            self._own_tags[(bucket, key)] = (info["etag"], tags)
+            self._own_tags.move_to_end((bucket, key))
+            if len(self._own_tags) > 4096:
+                self._own_tags.popitem(last=False)
+            obj = {"key": key, "size": size, "mtime": info.get("mtime") or time.time(),
+                   "etag": info["etag"]}
+            still_dirty = entry.gen != gen or not entry.dirty
+            if not still_dirty:
+                self.dirty.uploaded(entry, info["etag"])
+            else:
+                if entry.meta is not None:
+                    self.dirty.update_record(entry, base=info["etag"])
+                self._schedule(entry)
+            self._props.clear()
+            self._local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs)
+            return True
+
+    async def _send(self, entry: CacheEntry, size: int, tags: dict, ctype: str,
+                    base: str | None) -> dict:
+        """The upload itself: completing the parts sent while the file was written when
+        they fit (same key, tags, type), else the whole file."""
+        st = self._streams.pop(os.path.basename(entry.path), None)
+        if st is not None:
+            try:
+                if st.key == (entry.bucket, entry.key) and st.tags == tags \
+                        and st.content_type == ctype and size >= st.part_size:
+                    early = len(st.done)
+                    etag = await st.finish(self._bg, size, base)
+                    if etag is not None:
+                        log.info("uploaded %s/%s: %d bytes, %d parts, %d of them sent while it "
+                                 "was written", entry.bucket, entry.key, size,
+                                 -(-size // st.part_size), early)
+                        return {"etag": etag, "size": size, "mtime": None}
+            finally:
+                if st.mp.upload_id is not None or st.sending:
+                    await st.abort()
+        return await self.store.upload(entry.bucket, entry.key, entry.path, size=size,
+                                       tags=tags, content_type=ctype, base=base)
+
+    async def _conflict(self, entry: CacheEntry, reason: str) -> None:
+        """S3 has another version of the entry's key than the one it was based on: the
+        other writer's object stays; the local content becomes the conflict copy
+        ``KEY.conflict-<UTC time>`` of this mount (shown beside it, never uploaded), and the
+        key shows what S3 has."""
+        bucket, key = entry.bucket, entry.key
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        new_key, n = f"{key}.conflict-{stamp}", 1
+        while self.cache.get(bucket, new_key) is not None:
+            n += 1
+            new_key = f"{key}.conflict-{stamp}-{n}"
+        view = entry.meta.get("view")
+        self._unschedule(entry)
+        self.dirty.rekey(entry, bucket, new_key)
+        self.dirty.update_record(entry, conflict={"key": key, "at": stamp, "reason": reason},
+                                 base="")
+        try:
+            self.dirty.journal(entry)
+        except StoreError as exc:
+            log.warning("journal of conflict copy %s/%s: %s", bucket, new_key, exc)
+        vs = self.by_name.get(view)
+        path = f"{vs.name}/{relative_path(vs, new_key) or new_key}" if vs else f"{bucket}/{new_key}"
+        self.conflicts.append({"path": path, "key": key, "bucket": bucket, "reason": reason,
+                               "at": stamp})
+        log.warning("conflict: %s/%s changed in S3 since this file was opened (%s): the other "
+                    "version stays, this mount's copy is kept as %s (not uploaded)",
+                    bucket, key, reason, path)
+        for v in self.views:
+            if v.bucket != bucket:
+                continue
+            p = v.overlay.get(key)
+            if p is not None and p.kind == "local":
+                del v.overlay[key]
+            if v is vs:
+                node = self._put(v, {"key": new_key, "size": entry.size, "mtime": time.time(),
+                                     "etag": ""}, notify=True, remote=False)
+                if node is not None and not node.is_dir:
+                    v.overlay[new_key] = Pending("local", None, math.inf)
+        # what S3 has at the key now (the other writer's version, or nothing)
+        try:
+            info = await self.store.head(bucket, key)
+        except StoreError as exc:
+            if exc.errno == errno.ENOENT:
+                self._local_delete(bucket, key)
+            return
+        tags = {}
+        if self._needs_tags(bucket):
+            try:
+                tags = await self.store.tags(bucket, key)
+            except StoreError:
+                pass
+        self._local_put(bucket, key, {"key": key, "size": info["size"], "mtime": info["mtime"],
+                                      "etag": info["etag"]}, tags)
+
+    async def run_uploads(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background: upload dirty files nobody writes to any more (eager closes, a flush
+        that failed, journal recovery), ``upload_concurrency`` at a time (fewer while the
+        mount is busy: ``_upload_limit``), in the order they were queued; failures are retried with backoff (1 s doubling up to 60 s). Runs the
+        DELETE batcher (``run_deletes``) beside it."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.run_deletes)
+            await nursery.start(self.cache.run_removals)
+            self._bg = nursery
+            task_status.started()
+            started: set[str] = set()
+
+            async def one(name: str, entry: CacheEntry) -> None:
+                try:
+                    await self._upload(entry)
+                except FsError:
+                    pass  # logged, and scheduled again (or kept as a conflict copy)
+                except Exception:  # noqa: BLE001 — never let the uploader die
+                    log.exception("uploading %s/%s", entry.bucket, entry.key)
+                    self._upload_failed(entry, "internal error (see the log)")
+                finally:
+                    started.discard(name)
+                    self._kick.set()
+
+            while True:
+                kick = self._kick = trio.Event()
+                now = trio.current_time()
+                limit = self._upload_limit(now)
+                next_at = math.inf
+                if limit < self.upload_concurrency:  # busy: look again once the mount is idle
+                    next_at = self._last_request + self.upload_idle
+                for name, entry in list(self._pending.items()) if len(started) < limit else ():
+                    if not entry.dirty or entry.meta is None or entry.writers:
+                        self._pending.pop(name, None)  # clean, gone, or its last close uploads
+                        continue
+                    if name in started:
+                        continue
+                    at, _ = self._retry.get(name, (now, 0.0))
+                    if at > now:
+                        next_at = min(next_at, at)
+                        continue
+                    started.add(name)
+                    nursery.start_soon(one, name, entry)
+                    if len(started) >= limit:
+                        break
+                with trio.move_on_at(next_at):
+                    await kick.wait()
+
+    # Background uploads give way to the mount's requests (they compete for the loop and the
+    # CPU; measured: even 1-2 uploads beside an untar cost as much as 16): all of
+    # ``upload_concurrency`` run once no request came for ``upload_idle`` seconds or the
+    # backlog passes a bound (as the kernel's dirty_background_* limits), else
+    # ``upload_busy`` at a time. sync, fsync and unmount upload at once, whatever this says.
+    upload_idle = 0.075
+    upload_busy = 0
+    backlog_files = 1024
+    backlog_bytes = 256 << 20
+    backlog_age = 10.0
+    _last_request = -math.inf
+
+    def _request_seen(self) -> None:
+        """A create/write/close came (cheap: called for every write)."""
+        self._last_request = trio.current_time()
+
+    def _upload_limit(self, now: float) -> int:
+        """How many background uploads may run now."""
+        if now - self._last_request >= self.upload_idle or len(self._pending) >= self.backlog_files:
+            return self.upload_concurrency
+        oldest = next(iter(self._pending.values()), None)
+        if oldest is not None and oldest.meta is not None \
+                and time.time() - oldest.meta.get("since", time.time()) >= self.backlog_age:
+            return self.upload_concurrency
+        if sum(e.size for e in self._pending.values()) >= self.backlog_bytes:
+            return self.upload_concurrency
+        return min(self.upload_busy, self.upload_concurrency)  # 0: none until idle
+
+    # ------------------------------------------------------------ deletes (eager)
+
+    def _queue_delete(self, bucket: str, key: str) -> None:
+        """Eager unlink: the DELETE is sent by ``run_deletes`` in a DeleteObjects batch."""
+        self._deletes[(bucket, key)] = {"since": time.time(), "at": 0.0, "delay": 0.0,
+                                        "error": None}
+        self._delete_kick.set()
+
+    async def _settle_delete(self, bucket: str, key: str) -> None:
+        """An upload of ``key`` waits until a queued DELETE of it has been sent (or raises
+        its failure): the delete must not remove the new object, nor the old one fail the
+        upload's condition."""
+        while (bucket, key) in self._deletes:
+            d = self._deletes[(bucket, key)]
+            if d["error"] is not None and d["at"] > trio.current_time():
+                raise StoreError(errno.EIO, f"the DELETE queued before it failed: {d['error']}")
+            self._delete_now = True
+            self._delete_kick.set()
+            await self._deletes_sent.wait()
+
+    async def run_deletes(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background: send queued DELETEs in DeleteObjects batches of up to 1,000 keys per
+        bucket, once a batch is full or no unlink came for ``delete_gather`` seconds; a key
+        that failed is retried with backoff."""
+        task_status.started()
+        while True:
+            kick = self._delete_kick = trio.Event()
+            now = trio.current_time()
+            due = [k for k, d in self._deletes.items() if d["at"] <= now]
+            if not due:
+                later = [d["at"] for d in self._deletes.values()]
+                with trio.move_on_at(min(later, default=math.inf)):
+                    await kick.wait()
+                continue
+            if not self._delete_now and len(due) < 1000:
+                # gather: more unlinks usually follow (rm -r)
+                with trio.move_on_after(self.delete_gather):
+                    await kick.wait()
+                if self._delete_kick.is_set():
+                    continue
+            self._delete_now = False
+            await self._send_deletes()
+
+    async def _send_deletes(self) -> dict[tuple[str, str], str]:
+        """Send every due DELETE (batches of 1,000 per bucket, a few at once); the reason of
+        each one that failed."""
+        now = trio.current_time()
+        by_bucket: dict[str, list[str]] = {}
+        for (bucket, key), d in list(self._deletes.items()):
+            if d["at"] <= now:
+                by_bucket.setdefault(bucket, []).append(key)
+        failed: dict[tuple[str, str], str] = {}
+        limiter = trio.CapacityLimiter(4)
+
+        async def batch(bucket: str, keys: list[str]) -> None:
+            async with limiter:
+                errors = await self.store.delete_many(bucket, keys)
+            log.info("DeleteObjects %s: %d keys, %d failed", bucket, len(keys), len(errors))
+            for key in keys:
+                d = self._deletes.get((bucket, key))
+                exc = errors.get(key)
+                if exc is None or exc.errno == errno.ENOENT:
+                    self._deletes.pop((bucket, key), None)
+                    continue
+                failed[(bucket, key)] = str(exc)
+                if d is not None:
+                    log.warning("deleting %s/%s: %s", bucket, key, exc)
+                    d["error"] = str(exc)
+                    d["delay"] = min(self.retry_max, max(self.retry_initial, d["delay"] * 2))
+                    d["at"] = trio.current_time() + d["delay"]
+        async with trio.open_nursery() as nursery:
+            for bucket, keys in by_bucket.items():
+                for i in range(0, len(keys), 1000):
+                    nursery.start_soon(batch, bucket, keys[i:i + 1000])
+        sent, self._deletes_sent = self._deletes_sent, trio.Event()
+        sent.set()
+        return failed
+
+    # ------------------------------------------------------- sync and status
+
+    def _entry_path(self, entry: CacheEntry) -> str:
+        vs = self.by_name.get((entry.meta or {}).get("view"))
+        if vs is None:
+            return f"{entry.bucket}/{entry.key}"
+        return f"{vs.name}/{relative_path(vs, entry.key) or entry.key}"
+
+    def _scratch(self, entry: CacheEntry) -> bool:
+        vs = self.by_name.get(entry.meta.get("view"))
+        return vs is not None and not self.can_match(vs, entry.key, entry.size,
+                                                     self._final_tags(entry, vs, None))
+
+    def upload_state(self, entry: CacheEntry) -> tuple[str, str | None]:
+        """(state, reason) of a dirty entry: pending, uploading, failed or conflict."""
+        name = os.path.basename(entry.path)
+        conflict = (entry.meta or {}).get("conflict")
+        if conflict:
+            return "conflict", f"S3 has another version of {conflict.get('key')}: {conflict.get('reason')}"
+        if name in self._uploading:
+            return "uploading", None
+        if name in self._failures:
+            return "failed", self._failures[name]
+        return "pending", None
+
+    def upload_report(self) -> list[dict]:
+        """One entry per dirty file that is to be uploaded (scratch files excepted) and per
+        queued DELETE: ``{"path", "state", "error", "size", "since"}`` (``delvefs status``)."""
+        out = []
+        for entry in self.dirty.entries():
+            if entry.meta is None or (not entry.meta.get("conflict") and self._scratch(entry)):
+                continue
+            state, error = self.upload_state(entry)
+            out.append({"path": self._entry_path(entry), "state": state, "error": error,
+                        "size": entry.size, "since": entry.meta.get("since") or time.time()})
+        for (bucket, key), d in self._deletes.items():
+            path = f"{bucket}/{key}"
+            for vs in self.views:
+                rel = relative_path(vs, key) if vs.bucket == bucket else None
+                if rel is not None:
+                    path = f"{vs.name}/{rel}"
+                    break
+            out.append({"path": path, "state": "failed" if d["error"] else "pending",
+                        "error": d["error"] and f"DELETE: {d['error']}", "size": 0,
+                        "since": d["since"], "op": "delete"})
+        return out
+
+    async def sync_all(self) -> list[str]:
+        """``delvefs sync``: upload every closed dirty file and send every queued DELETE
+        now (ignoring backoff), and wait for them; one line per failure (conflict copies
+        included: ``PATH: reason``)."""
+        failures: list[str] = []
+        limiter = trio.CapacityLimiter(self.upload_concurrency)
+
+        async def one(entry: CacheEntry) -> None:
+            async with limiter:
+                try:
+                    await self._upload(entry)
+                except FsError as exc:
+                    if not (entry.meta or {}).get("conflict"):
+                        failures.append(f"{self._entry_path(entry)}: {exc}")
+        async with trio.open_nursery() as nursery:
+            for entry in self.dirty.entries():
+                if entry.writers == 0 and entry.meta is not None and not entry.meta.get("conflict"):
+                    nursery.start_soon(one, entry)
+            if self._deletes:
+                for d in self._deletes.values():
+                    d["at"] = 0.0
+                nursery.start_soon(self._send_deletes)
+        for (bucket, key), d in self._deletes.items():
+            failures.append(f"{bucket}/{key}: DELETE failed: {d['error']}")
+        for entry in self.dirty.entries():
+            state, reason = self.upload_state(entry)
+            if state == "conflict":
+                failures.append(f"{self._entry_path(entry)}: conflict copy (not uploaded): {reason}")
+        await trio.to_thread.run_sync(self.cache.remove_doomed)  # the journal settled too
+        return failures
+
+    # ------------------------------------------------------- mount and unmount
+
+    def recover(self) -> None:
+        """Dirty files journaled by an earlier mount of this cache dir: shown again in
+        their views and uploaded (conditionally) by the background uploader."""
+        for entry in self.dirty.restore():
+            vs = self.by_name.get(entry.meta.get("view"))
+            if vs is not None and entry.bucket == vs.bucket:
+                node = self._put(vs, {"key": entry.key, "size": entry.size, "mtime": time.time(),
+                                      "etag": ""}, notify=False, remote=False)
+                if node is not None and not node.is_dir:
+                    vs.overlay[entry.key] = Pending("local", None, math.inf)
+            if entry.meta.get("conflict"):
+                log.info("conflict copy %s/%s kept from an earlier mount", entry.bucket, entry.key)
+                continue
+            log.info("recovered dirty file %s/%s from the journal: uploading", entry.bucket, entry.key)
+            self._schedule(entry)
+
+    def scratch_files(self) -> list[str]:
+        """Mount paths (VIEW/relative path) of dirty files whose names cannot match."""
+        return sorted(self._entry_path(e) for e in self.dirty.entries()
+                      if not e.meta.get("conflict") and self._scratch(e))
+
+    async def shutdown(self) -> tuple[list[str], list[str]]:
+        """Unmount: upload everything dirty (files still open too) and send the queued
+        DELETEs. Returns (what could not be uploaded or deleted, with the reason; scratch
+        files and conflict copies left behind)."""
+        failed, scratch = [], []
+        limiter = trio.CapacityLimiter(self.upload_concurrency)
+
+        async def one(entry: CacheEntry) -> None:
+            async with limiter:
+                try:
+                    if not await self._upload(entry) and not entry.meta.get("conflict"):
+                        scratch.append(self._entry_path(entry))
+                except FsError as exc:
+                    if not (entry.meta or {}).get("conflict"):
+                        failed.append(f"{entry.bucket}/{entry.key}: {exc}")
+        async with trio.open_nursery() as nursery:
+            for entry in self.dirty.entries():
+                nursery.start_soon(one, entry)
+        if self._deletes:
+            for d in self._deletes.values():
+                d["at"] = 0.0
+            for (bucket, key), reason in (await self._send_deletes()).items():
+                failed.append(f"{bucket}/{key}: DELETE failed: {reason}")
+        await trio.to_thread.run_sync(self.cache.remove_doomed)
+        return failed, sorted(scratch)
+
+    def conflict_copies(self) -> list[str]:
+        """Lines for the unmount report: each conflict copy left in the cache directory."""
+        out = []
+        for entry in self.dirty.entries():
+            c = (entry.meta or {}).get("conflict")
+            if c:
+                out.append(f"{self._entry_path(entry)} (S3 kept another writer's version of "
+                           f"{c.get('key')}: {c.get('reason')})")
+        return sorted(out)
