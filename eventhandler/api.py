@@ -304,6 +304,8 @@ class Api:
         proofs = await self._accept_proofs(request["principal"], pairs)
         for p in proofs:  # a mount renewing its proofs uses its views
             self.engine.touch_covered(request["principal"], p.bucket, p.prefix)
+        log.info("%s renewed its proofs for %s", request["principal"],
+                 ", ".join(sorted({p.bucket for p in proofs})))
         return reply(request, {"grants": [{"bucket": p.bucket, "prefix": p.prefix, "until": p.until}
                                           for p in proofs]})
 

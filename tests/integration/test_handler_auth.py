@@ -401,12 +401,18 @@ def registrations(handler) -> int:
                if "(client " in line and ") registered " in line)
 
 
+def renewals(handler) -> int:
+    return sum(1 for line in handler.log_path.read_text().splitlines()
+               if " renewed its proofs for " in line)
+
+
 @pytest.mark.fuse
 def test_a_mount_renews_its_proofs_before_they_expire(mounts, handler, s3, bucket):
     s3.put_object(Bucket=bucket, Key="data/a", Body=b"1")
     mnt = mounts.mount(data_views(bucket), env={**mounts.env, "DELVEFS_PROOF_LIFETIME": "10"})
     assert os.listdir(mnt / "data") == ["a"]
-    time.sleep(12)  # past the expiry of the registration's proofs (renewed at 5 s and 10 s)
+    # past the expiry of the registration's proofs: renewed at 5 s and 10 s, valid until 20 s
+    wait_until(lambda: renewals(handler) >= 2, 30, "proofs renewed twice")
     s3.put_object(Bucket=bucket, Key="data/b", Body=b"2")
     wait_until(lambda: sorted(os.listdir(mnt / "data")) == ["a", "b"], CHANGE_TIMEOUT, "b listed")
     # renewed through POST /v1/proofs: the grants never lapsed, nothing was registered again
