@@ -47,15 +47,21 @@ def free_port() -> int:
 
 
 def _wait_for(check, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
+    """Until ``check()``; a server that never gets there (or an interrupt meanwhile) is
+    stopped: no process outlives a failed start."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServiceError(f"{what} exited with {proc.returncode} while starting; "
-                               f"log {log}:\n{_tail(log)}")
-        if check():
-            return
-        time.sleep(0.1)
-    raise ServiceError(f"{what} not ready after {timeout:.0f} s; log {log}:\n{_tail(log)}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ServiceError(f"{what} exited with {proc.returncode} while starting; "
+                                   f"log {log}:\n{_tail(log)}")
+            if check():
+                return
+            time.sleep(0.1)
+        raise ServiceError(f"{what} not ready after {timeout:.0f} s; log {log}:\n{_tail(log)}")
+    except BaseException:
+        _stop_group(proc)
+        raise
 
 
 def _tail(path: Path, lines: int = 20) -> str:
