@@ -251,10 +251,15 @@ def table(res: dict, baseline: dict | None) -> str:
     ]
     head = ("| operation | local disk | boto3, sequential | s3fs | DelveFS strict | strict at HEAD "
             "| DelveFS eager | ratio (target) |\n|---|---|---|---|---|---|---|---|")
+    head_eager = {"untar": "eager_untar_s", "untar + `delvefs sync`": "eager_untar_sync_s",
+                  "`tar c` (fresh mount)": "eager_tarc_s", "`rm -rf`": "eager_rm_s",
+                  "`rm -rf` + `delvefs sync`": "eager_rm_sync_s"}
     lines = [head]
     for what, local, boto, s3fs, strict, head_strict, eager, note in rows:
         if strict is not None and head_strict is not None:
             note += f"{'; ' if note else ''}strict / HEAD {ratio(strict, head_strict)} (≤ 1×)"
+        if eager is not None and base.get(head_eager.get(what)) is not None:
+            note += f"{'; ' if note else ''}eager / HEAD {ratio(eager, base[head_eager[what]])}"
         lines.append(f"| {what} | {fmt(local)} | {fmt(boto)} | {fmt(s3fs)} | {fmt(strict)} | "
                      f"{fmt(head_strict)} | {fmt(eager)} | {note} |")
     return "\n".join(lines)

@@ -1,29 +1,49 @@
-"""The local data cache of a mount: one file per object under ``<cache-dir>/data``.
+"""The local data cache of a mount: one sparse file per object version under ``<cache-dir>/data``.
 
-* ``fetch`` makes an object's bytes available locally: the first time by downloading it
-  (parallel ranged GETs, every GET pinned to one ETag with IfMatch), later
-  from the cache; an entry older than ``ttl`` is revalidated with a HEAD and downloaded
-  again only when the ETag changed.
-* A download goes to a temporary file that is renamed onto the entry's path, so a reader
-  sees either the old or the new version, never a mix. Open handles keep their own file
-  descriptor: a replaced version stays readable through handles opened before.
-* Clean entries are evicted least-recently-used while the cached bytes exceed ``limit`` or
-  the cache's file system has less free space than its floor (``free_floor_*``);
-  an entry that is open (``opens > 0``), dirty (write side) or being fetched never is.
-* One fetch per object at a time: concurrent fetches wait for the running one.
-* Large objects (>= ``stream_threshold``) stream: once a nursery is attached, ``fetch``
-  returns as soon as the download has started, and ``read`` waits only until the bytes it
-  needs have arrived (the download's threads write the parts into a :class:`Download`,
-  which tracks the complete prefix and wakes waiting readers). The object's ETag is
-  checked with a HEAD first and every ranged GET is pinned to it; if S3 changes the object
-  mid-way, the download fails (412) and readers of that version get EIO instead of mixed
-  bytes.
+Blocks. An entry's file has the object's size; which bytes are valid is ``present`` (a
+:class:`RangeSet`; None: every byte, as for files written here). Missing bytes below
+``source_len`` come from ``source`` = (bucket, key, etag) in blocks of ``block_size``:
+``ensure(store, entry, start, end)`` fetches the missing blocks of a range at once,
+consecutive ones coalesced into ranged GETs of at most ``max_get`` bytes, every GET pinned
+to the source's ETag with If-Match (412: ``Changed``). A cached block costs no request.
+
+* ``fetch`` opens an object's entry: no request when the listing gave ETag and size (the
+  first ``ensure`` proves them: a 412 or 404 there means the listing was behind, then one
+  HEAD and the entry moves to the version S3 has); a HEAD when the entry is older than
+  ``ttl``. Objects of at most ``whole_size`` bytes are fetched whole on their first read.
+* A new version gets a new entry and a new file; the old entry leaves the cache (file
+  unlinked), and open handles keep their descriptor and entry object: they read the bytes
+  they have, and a missing one is a GET pinned to the old ETag, which S3 refuses (412):
+  EIO, never bytes of two versions.
+* Fetches run in the cache's nursery (``nursery``; without one: trio system tasks), not
+  in the reader's task: a cancelled read never aborts a fetch another reader waits for.
+  Concurrent ``ensure`` calls share in-flight fetches (``entry.fetches``, by block).
+  ``prefetch`` starts fetches nobody waits for yet (a handle's sequential read-ahead);
+  ``cancel`` stops those still without a waiter (the handle closed, the entry replaced).
+* A fetch's worker thread writes a clean entry's bytes straight into its file and tells
+  the loop each completed block (``Fetch.received``); for a dirty entry (a writer may be
+  writing to the same bytes) the thread hands the bytes to the loop, which writes only
+  the sub-ranges still missing when they arrive.
+* Bound: ``bytes`` counts present bytes of clean entries and the size of dirty ones.
+  While it exceeds ``limit``, or the cache's file system has less free space than its
+  floor, blocks are evicted least-recently-used (``touch`` on every read): their bytes
+  punched out of the file (fallocate PUNCH_HOLE), first those of closed entries, then of
+  open ones; an entry with nothing left and no opener is dropped. Never evicted: a block
+  of a dirty entry or one open for writing, a block being fetched, a block an ``ensure``
+  in progress covers (``entry.pinned``).
+
+Concurrency (one trio loop): between two awaits nothing else runs, so a reader that sees
+``present.covers(a, b)`` and then preads without awaiting reads valid bytes — ``ensure``
+returns only after such a check. ``present``, ``fetches``, the LRU and ``bytes`` change
+only on the loop (worker threads write file bytes and an integer, ``Fetch.received``, and
+hand the rest to the loop with ``run_sync_soon``). ``fetch`` runs one version change per
+object at a time (``_busy``).
 
 Write side: the cache stores the files of *dirty* entries too (``dirty`` = True: being
 written, or written and not uploaded yet), each under a path of its own (``data/w-<id>``,
-``own_file``), with its journal record (``journal/w-<id>.json``, ``write_record``). Their
-state changes are made by ``delvefs.client.fs.dirty`` alone; the cache never evicts a dirty
-entry and serves it to readers as it is.
+``own_file``), with its journal record (``journal/w-<id>.json``: ``delvefs.client.journal``). Their
+state changes are made by ``delvefs.client.fs.dirty`` alone; the cache never evicts from a
+dirty entry and serves it to readers as it is.
 
 The cache's *clean* part lives for one mount session: when ``DataCache`` starts it
 removes every file except the dirty ones its journal names; those journal records are
@@ -32,113 +52,74 @@ nothing it had accepted). Time is ``trio.current_time()`` (tests use trio's Mock
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
+import functools
 import hashlib
 import itertools
-import json
 import logging
 import math
 import os
 import shutil
-import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 
 import trio
 
 from .errors import Changed, StoreError, cache_file_error
-from .s3async import pwrite_all
+from .journal import Journal
+from .ranges import RangeSet
+from .s3async import StopGet, pwrite_all
 
 log = logging.getLogger(__name__)
 
+KiB, MiB = 1 << 10, 1 << 20
 
-class Download:
-    """A download in progress, readable while it runs. The download's worker threads hand it
-    the bytes with ``write_at`` (s3transfer's IO thread: ``seek``/``write``, a seekable file
-    object); trio tasks ``await wait_for(end)``."""
 
-    def __init__(self, path: str, size: int):
-        self.path = path
-        self.size = size
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        self.done = 0                      # bytes [0, done) are complete
-        self.error: BaseException | None = None
+class Fetch:
+    """One ranged GET [start, end) of an entry's source, in flight. ``received``: bytes
+    [start, received) are in the file (clean entry) or were handed to the loop (dirty);
+    ``marked``: how far ``present`` knows it."""
+    __slots__ = ("entry", "start", "end", "received", "marked", "error", "finished",
+                 "cancelled", "waiters", "arrived", "_event")
+
+    def __init__(self, entry: CacheEntry, start: int, end: int):
+        self.entry, self.start, self.end = entry, start, end
+        self.received = self.marked = start
+        self.error: StoreError | None = None
         self.finished = False
-        self._ranges: dict[int, int] = {}  # completed ranges beyond the prefix: start -> end
-        self._pos = 0
-        self._lock = threading.Lock()
+        self.cancelled = False
+        self.waiters = 0
+        self.arrived: deque[tuple[int, bytes]] = deque()  # a dirty entry's bytes, for the loop
         self._event = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
 
-    # --- the file object s3transfer writes to (its IO thread) ---
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._pos = offset if whence == 0 else (self._pos + offset if whence == 1 else self.size + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, data) -> int:
-        n = self.write_at(self._pos, data)
-        self._pos += n
-        return n
-
-    def write_at(self, offset: int, data) -> int:
-        """Store ``data`` at ``offset`` (any thread)."""
-        pwrite_all(self.fd, offset, data)
-        n = len(data)
-        start, end = offset, offset + n
-        with self._lock:
-            if start <= self.done:
-                self.done = max(self.done, end)
-                while self.done in self._ranges:
-                    self.done = max(self.done, self._ranges.pop(self.done))
-            else:
-                self._ranges[start] = max(self._ranges.get(start, 0), end)
-        self._wake_soon()
-        return n
-
-    # --- trio side ---
-    def _wake_soon(self) -> None:
-        try:
-            self._token.run_sync_soon(self._wake)
-        except trio.RunFinishedError:
-            pass
-
-    def _wake(self) -> None:
+    def wake(self) -> None:
         ev, self._event = self._event, trio.Event()
         ev.set()
 
-    def finish(self, error: BaseException | None = None) -> None:
-        self.error = error
-        self.finished = True
-        self._wake()
-
-    async def wait_finished(self) -> None:
-        while not self.finished:
-            await self._event.wait()
-
-    async def wait_for(self, end: int) -> None:
-        end = min(end, self.size)
-        while self.done < end:
-            if self.error is not None:
-                if isinstance(self.error, StoreError):
-                    raise self.error
-                raise StoreError(errno.EIO, f"download failed: {self.error}")
-            if self.finished:
-                raise StoreError(errno.EIO, f"download ended at {self.done} of {self.size} bytes")
-            await self._event.wait()
+    async def wait(self, upto: int) -> None:
+        """Until ``present`` has [start, upto) of this fetch, or it ended; its error raised."""
+        self.waiters += 1
+        try:
+            while self.marked < min(upto, self.end) and not self.finished:
+                await self._event.wait()
+        finally:
+            self.waiters -= 1
+        if self.error is not None and self.marked < min(upto, self.end):
+            raise self.error
 
 
 class CacheEntry:
-    """One object's bytes in the cache. ``dirty``, ``gen``, ``meta``, ``writers`` and
-    ``journaled`` are the write side's state (changed by ``delvefs.client.fs.dirty``)."""
-    __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty", "download",
-                 "gen", "meta", "writers", "journaled")
+    """One object version's bytes in the cache. ``dirty``, ``gen``, ``meta``, ``writers``
+    and ``journaled`` are the write side's state (changed by ``delvefs.client.fs.dirty``).
+    ``present``/``source``/``source_len``: see the module docstring."""
+    __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty",
+                 "gen", "meta", "writers", "journaled", "present", "source", "source_len",
+                 "fetches", "pinned", "blocks", "counted", "serial")
+
+    _serials = itertools.count(1)
 
     def __init__(self, bucket: str, key: str, path: str):
         self.bucket = bucket
@@ -149,25 +130,40 @@ class CacheEntry:
         self.validated = float("-inf")
         self.opens = 0
         self.dirty = False
-        self.download: Download | None = None  # set while a streaming download runs
         self.gen = 0            # write generation: bumped by every write/truncate
         self.meta: dict | None = None  # dirty entries: the journal record (view, tags, ...)
         self.writers = 0        # open handles writing to it
         self.journaled = False  # its journal record is on disk
+        self.present: RangeSet | None = None       # None: every byte is present
+        self.source: tuple[str, str, str] | None = None  # (bucket, key, etag) of missing bytes
+        self.source_len = 0     # bytes [0, source_len) may come from ``source``
+        self.fetches: dict[int, Fetch] = {}        # block -> the fetch bringing it
+        self.pinned: list[tuple[int, int]] = []    # ranges ``ensure`` calls wait for
+        self.blocks: set[int] = set()              # its blocks in the cache's LRU
+        self.counted = 0        # what it adds to ``DataCache.bytes``
+        self.serial = next(self._serials)
 
 
 class DataCache:
-    def __init__(self, directory: str | os.PathLike, limit: int | None = None,
-                 stream_threshold: int = 8 * 1024 * 1024):
+    # objects up to this size are fetched whole on their first read (one GET)
+    whole_size = 2 * MiB
+    # sequential read-ahead: the window starts at ``window_start``, doubles with every
+    # sequential read up to ``window_max`` (at most a quarter of ``limit``)
+    window_start = 1 * MiB
+    window_max = 128 * MiB
+
+    def __init__(self, directory: str | os.PathLike, limit: int | None = None, *,
+                 block_size: int = 512 * KiB, max_get: int = 8 * MiB):
         self.dir = Path(directory) / "data"
         self.tmp = Path(directory) / "tmp"
-        self.journal = Path(directory) / "journal"
         self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
         self.bytes = 0
-        records = self._read_journal()
-        keep = {r["file"] for r in records}
-        for d in (self.dir, self.tmp, self.journal):
-            d.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(Path(directory) / "journal", self.dir)
+        records = self.journal.read()
+        # a sparse dirty file's ranges log (delvefs.client.fs.dirty) stays with its record
+        keep = {r["file"] for r in records} | {r["file"] + ".ranges" for r in records}
+        self.tmp.mkdir(exist_ok=True)
         for d in (self.dir, self.tmp):
             for p in d.iterdir():
                 if d is self.tmp or p.name not in keep:
@@ -177,291 +173,390 @@ class DataCache:
                         p.unlink()
         self.recovered = records  # journal records of dirty files, for the write side
         self.limit = limit
-        self.stream_threshold = stream_threshold
-        self.nursery: trio.Nursery | None = None  # attach one to stream large objects
+        if block_size <= 0 or max_get < block_size:
+            raise ValueError(f"block size {block_size}, largest GET {max_get}")
+        self.block_size = block_size
+        self.max_get = max_get - max_get % block_size
+        self.nursery: trio.Nursery | None = None  # where fetches run (else system tasks)
         self._busy: dict[tuple[str, str], trio.Event] = {}
+        self._lru: OrderedDict[tuple[int, int], CacheEntry] = OrderedDict()  # (serial, block)
         self._seq = itertools.count()
-        # journal records of uploaded files, removed by a worker thread (``run_removals``)
-        self._doomed: set[str] = set()
-        self._doomed_lock = threading.Lock()
-        self._doomed_kick: trio.Event | None = None  # set while ``run_removals`` runs
-        self._removing = False
-        self.downloads = 0  # statistics, for tests and logs
-        self.streaming = 0  # streaming downloads running now
+        self._punch_warned = False
+        self.gets = 0       # statistics, for tests and logs: ranged GETs started
+        self.got = 0        # bytes they brought
+        self.fetching = 0   # fetches running now
         self.heads = 0
-        self.evictions = 0
+        self.evictions = 0  # blocks (or entries) evicted
 
     def _path(self, bucket: str, key: str) -> str:
+        """A new file name for a version of ``bucket/key`` (never reused: a fetch of an old
+        version still writing can never land in a newer one's file)."""
         digest = hashlib.sha256(f"{bucket}\0{key}".encode("utf-8", "surrogateescape")).hexdigest()
-        return str(self.dir / digest)
+        return str(self.dir / f"{digest[:40]}.{next(self._seq)}")
 
     def get(self, bucket: str, key: str) -> CacheEntry | None:
         return self.entries.get((bucket, key))
 
-    async def fetch(self, store, bucket: str, key: str, *, etag: str, size: int,
-                    ttl: float) -> tuple[CacheEntry, dict | None]:
-        """The cache entry of ``bucket/key`` with valid content, opened (``opens`` + 1:
-        the caller must ``release`` it) and the object's HEAD answer when one was made
-        (the caller updates its metadata from it). ``etag``/``size`` are what the listing
-        says. Raises StoreError (ENOENT when the object is gone)."""
+    # ------------------------------------------------------------------ opening
+
+    async def fetch(self, store, bucket: str, key: str, *, etag: str, size: int, ttl: float,
+                    want: tuple[int, int] | None = None) -> tuple[CacheEntry, dict | None]:
+        """The cache entry of ``bucket/key``'s current version, opened (``opens`` + 1: the
+        caller must ``release`` it), and the object's HEAD answer when one was made (the
+        caller updates its metadata from it). ``etag``/``size`` are what the listing says.
+        With ``want`` = (start, end), those bytes are ensured too (the whole object when it
+        is small): a listing that was behind S3 shows there (412, 404), and the entry moves
+        to the version S3 has. Raises StoreError (ENOENT when the object is gone)."""
         k = (bucket, key)
-        while (ev := self._busy.get(k)) is not None:
-            await ev.wait()
-        entry = self.entries.get(k)
-        now = trio.current_time()
-        if entry is not None and entry.download is not None and entry.download.error is None:
-            self.hold(entry)  # join the running download of the current version
-            return entry, None
-        # within ttl a copy is trusted — unless the listing names another version than it
-        if entry is not None and entry.etag is not None and (
-                entry.dirty or (now - entry.validated < ttl and (not etag or etag == entry.etag))):
-            self.hold(entry)
-            return entry, None
-        ev = self._busy[k] = trio.Event()
-        try:
-            info = None
-            if entry is not None and entry.etag is not None:
-                info = await store.head(bucket, key)
-                self.heads += 1
-                if info["etag"] == entry.etag:
-                    entry.validated = trio.current_time()
-                    self.hold(entry)
-                    return entry, info
-                etag, size = info["etag"], info["size"]
-            if self.nursery is not None and size >= self.stream_threshold:
-                if info is None:
-                    info = await store.head(bucket, key)
-                    self.heads += 1
-                entry = self._stream(store, bucket, key, info["etag"], info["size"])
-                self.hold(entry)
-                return entry, info
-            for attempt in range(5):
+        info = None
+        for attempt in range(5):
+            while (ev := self._busy.get(k)) is not None:
+                await ev.wait()
+            entry = self.entries.get(k)
+            now = trio.current_time()
+            # within ttl a copy is trusted — unless the listing names another version than it
+            if not (entry is not None and entry.etag is not None and (
+                    entry.dirty or (now - entry.validated < ttl and (not etag or etag == entry.etag)))):
+                ev = self._busy[k] = trio.Event()
                 try:
-                    entry = await self._download(store, bucket, key, etag, size)
-                    break
-                except StoreError as exc:
-                    # the listing (or the HEAD) was behind S3: ask S3 what is there now
-                    if not (isinstance(exc, Changed) or exc.errno == errno.ENOENT) or attempt == 4:
-                        raise
-                    info = await store.head(bucket, key)
-                    self.heads += 1
-                    etag, size = info["etag"], info["size"]
+                    if entry is not None and entry.etag is not None and info is None:
+                        info = await self._head(store, bucket, key)
+                        if info["etag"] == entry.etag:
+                            entry.validated = trio.current_time()
+                        else:
+                            etag, size = info["etag"], info["size"]
+                            entry = self._new_version(bucket, key, etag, size)
+                    else:
+                        entry = self._new_version(bucket, key, etag, size)
+                finally:
+                    del self._busy[k]
+                    ev.set()
             self.hold(entry)
-            return entry, info
+            if want is None:
+                return entry, info
+            start, end = (0, entry.size) if entry.size <= self.whole_size else want
+            try:
+                await self.ensure(store, entry, start, end)
+                return entry, info
+            except BaseException as exc:
+                self.release(entry)  # (also when the caller was cancelled)
+                if not isinstance(exc, StoreError):
+                    raise
+                stale = isinstance(exc, Changed) or exc.errno == errno.ENOENT
+                if not stale or entry.dirty or attempt == 4:
+                    raise
+            # the listing (or the cache) was behind S3: ask S3 what is there now (the loop
+            # then moves the entry to that version, unless a concurrent caller did)
+            entry.validated = float("-inf")
+            info = await self._head(store, bucket, key)
+            etag, size = info["etag"], info["size"]
+        raise AssertionError("unreachable")
+
+    async def _head(self, store, bucket: str, key: str) -> dict:
+        self.heads += 1
+        return await store.head(bucket, key)
+
+    def _new_version(self, bucket: str, key: str, etag: str, size: int) -> CacheEntry:
+        """A new, empty entry (a sparse file of ``size``) for version ``etag``, in place of
+        the cached one (which leaves the cache; open handles keep it)."""
+        path = self._path(bucket, key)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            _unlink(path)
+            raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
+        old = self.entries.get((bucket, key))
+        if old is not None:
+            self.drop(old)
+        entry = self.entries[(bucket, key)] = CacheEntry(bucket, key, path)
+        entry.etag, entry.size = etag, size
+        entry.present = RangeSet()
+        entry.source, entry.source_len = (bucket, key, etag), size
+        entry.validated = trio.current_time()
+        return entry
+
+    # ------------------------------------------------------------------ blocks
+
+    def _blocks(self, start: int, end: int) -> range:
+        b = self.block_size
+        return range(start // b, (end + b - 1) // b) if start < end else range(0)
+
+    async def ensure(self, store, entry: CacheEntry, start: int, end: int) -> None:
+        """Afterwards bytes [start, min(end, size)) of ``entry`` are present in its file
+        (those below ``source_len`` fetched from ``source``): valid until the caller next
+        awaits. Raises StoreError (``Changed``: the source version is gone or changed)."""
+        while True:
+            present = entry.present
+            stop = min(end, entry.size, entry.source_len)
+            if present is None or start >= stop or present.covers(start, stop):
+                return
+            if entry.source is None:
+                raise StoreError(errno.EIO, f"{entry.bucket}/{entry.key}: bytes {start}-{stop - 1} "
+                                 "are missing and have no source")
+            waits: dict[Fetch, int] = {}
+            new: list[int] = []
+            for gap_start, gap_end in present.missing(start, stop):
+                for block in self._blocks(gap_start, gap_end):
+                    f = entry.fetches.get(block)
+                    if f is None:
+                        if not new or new[-1] != block:  # (two gaps within one block)
+                            new.append(block)
+                    else:
+                        waits[f] = max(waits.get(f, 0), min(stop, (block + 1) * self.block_size))
+            for f in self._start(store, entry, new):
+                waits[f] = f.end
+            pin = (start, stop)
+            entry.pinned.append(pin)
+            try:
+                for f, upto in waits.items():
+                    await f.wait(upto)
+            finally:
+                entry.pinned.remove(pin)
+            # loop: a fetch that ended early (cancelled, the size changed) is started again
+
+    def prefetch(self, store, entry: CacheEntry, start: int, end: int) -> list[Fetch]:
+        """Start fetching the missing blocks of [start, end) nobody waits for yet (they are
+        cancelled by ``cancel`` while nobody does); the fetches started."""
+        present = entry.present
+        stop = min(end, entry.size, entry.source_len)
+        if present is None or entry.source is None or start >= stop or not self._holds(entry):
+            return []  # (an entry no longer in the cache reads only what it has)
+        new = sorted({block for gap_start, gap_end in present.missing(start, stop)
+                      for block in self._blocks(gap_start, gap_end) if block not in entry.fetches})
+        return self._start(store, entry, new)
+
+    def cancel(self, fetches: list[Fetch]) -> None:
+        """Stop those of ``fetches`` that nobody waits for (blocks brought so far stay)."""
+        for f in fetches:
+            if not f.finished and not f.waiters:
+                f.cancelled = True
+
+    def _start(self, store, entry: CacheEntry, blocks: list[int]) -> list[Fetch]:
+        """Fetches of ``blocks`` (sorted): runs of consecutive blocks, ``max_get`` each."""
+        started = []
+        bs, per = self.block_size, self.max_get // self.block_size
+        i = 0
+        while i < len(blocks):
+            j = i + 1
+            while j < len(blocks) and blocks[j] == blocks[j - 1] + 1 and j - i < per:
+                j += 1
+            f = Fetch(entry, blocks[i] * bs, min((blocks[j - 1] + 1) * bs, entry.source_len))
+            for block in blocks[i:j]:
+                entry.fetches[block] = f
+            started.append(f)
+            run = functools.partial(self._run, store, f)
+            if self.nursery is not None:
+                self.nursery.start_soon(run)
+            else:
+                trio.lowlevel.spawn_system_task(run)
+            i = j
+        return started
+
+    async def _run(self, store, f: Fetch) -> None:
+        """Bring bytes [f.start, f.end) of the entry's source into its file (a task)."""
+        entry = f.entry
+        bucket, key, etag = entry.source
+        token = trio.lowlevel.current_trio_token()
+        direct = not entry.dirty and not entry.writers
+        bs = self.block_size
+        fd = None
+        self.fetching += 1
+        self.gets += 1
+        try:
+            try:
+                fd = os.open(entry.path, os.O_WRONLY)
+            except FileNotFoundError:
+                # the entry left the cache (a newer version replaced it): its source is gone
+                raise Changed(f"GET {bucket}/{key}: version {etag} was replaced") from None
+            except OSError as exc:
+                raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
+
+            def write(offset: int, data) -> None:  # a worker thread
+                if f.cancelled:
+                    raise StopGet()
+                n = len(data)
+                if direct:
+                    pwrite_all(fd, offset, data)
+                    f.received = offset + n
+                    if (offset + n) // bs != offset // bs or offset + n == f.end:
+                        token.run_sync_soon(self._mark, f)
+                else:
+                    f.arrived.append((offset, bytes(data)))
+                    token.run_sync_soon(self._apply, f, fd)
+
+            await store.get_range(bucket, key, f.start, f.end, etag=etag, write=write)
+            self.got += f.end - f.start
+            if direct:
+                f.received = f.end
+                self._mark(f)
+            else:
+                self._apply(f, fd)  # what the loop has not taken yet
+        except StopGet:
+            pass
+        except StoreError as exc:
+            if isinstance(exc, Changed) or exc.errno == errno.ENOENT:
+                entry.validated = float("-inf")  # the next open asks S3 which version is there
+            if not f.cancelled:
+                f.error = exc
+                log.warning("GET %s/%s bytes %d-%d: %s", bucket, key, f.start, f.end - 1, exc)
+        except Exception as exc:  # noqa: BLE001 — any other failure of the GET is EIO
+            if not f.cancelled:
+                f.error = StoreError(errno.EIO, f"GET {bucket}/{key}: {type(exc).__name__}: {exc}")
+                log.warning("%s", f.error)
+        except BaseException:
+            f.error = StoreError(errno.EIO, f"GET {bucket}/{key}: the mount is stopping")
+            raise
         finally:
-            del self._busy[k]
-            ev.set()
+            self.fetching -= 1
+            if fd is not None:
+                os.close(fd)
+            f.finished = True
+            for block in self._blocks(f.start, f.end):
+                if entry.fetches.get(block) is f:
+                    del entry.fetches[block]
+            f.wake()
+            if entry.opens == 0 and entry.present is not None and not entry.present \
+                    and not entry.fetches and not entry.dirty:
+                self._drop_unused(entry)
             self.evict()
 
-    async def _download(self, store, bucket: str, key: str, etag: str, size: int) -> CacheEntry:
-        k = (bucket, key)
-        path = self._path(bucket, key)
-        tmp = str(self.tmp / f"{os.path.basename(path)}.{next(self._seq)}")
-        try:
-            if size == 0:
-                open(tmp, "wb").close()
-            else:
-                await store.download(bucket, key, tmp, etag=etag, size=size)
-                self.downloads += 1
-            got = os.stat(tmp).st_size
-            if got != size:
-                raise Changed(f"GET {bucket}/{key}: {got} bytes, expected {size}")
-            os.replace(tmp, path)  # atomic: readers see the old or the new file
-        except OSError as exc:
-            raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        entry = self.entries.get(k)
-        if entry is None:
-            entry = self.entries[k] = CacheEntry(bucket, key, path)
-        else:
-            self.bytes -= entry.size
-            if entry.path != path and entry.download is None:
-                _unlink(entry.path)  # an earlier (written) version had its own file
-            entry.path = path
-        entry.etag, entry.size = etag, size
-        entry.validated = trio.current_time()
-        self.bytes += size
-        return entry
+    def _mark(self, f: Fetch) -> None:
+        """(the loop) The blocks of a clean entry's fetch received so far are present."""
+        upto = f.end if f.received >= f.end else f.start + (f.received - f.start) // self.block_size * self.block_size
+        if upto > f.marked:
+            self._add_present(f.entry, f.marked, upto)
+            f.marked = upto
+            f.wake()
 
-    def _stream(self, store, bucket: str, key: str, etag: str, size: int) -> CacheEntry:
-        """Start a streaming download (in the attached nursery); the entry is readable
-        through ``entry.download`` at once and renamed into place when complete."""
-        k = (bucket, key)
-        final = self._path(bucket, key)
-        tmp = str(self.tmp / f"{os.path.basename(final)}.{next(self._seq)}")
-        dl = Download(tmp, size)
-        entry = self.entries.get(k)
-        if entry is None:
-            entry = self.entries[k] = CacheEntry(bucket, key, tmp)
-        else:
-            self.bytes -= entry.size
-        entry.path, entry.etag, entry.size, entry.download = tmp, etag, size, dl
-        entry.validated = trio.current_time()
-        self.bytes += size
-
-        async def run():
-            error = None
-            self.streaming += 1
+    def _apply(self, f: Fetch, fd: int) -> None:
+        """(the loop) The bytes of a dirty entry's fetch that arrived: written where still
+        missing (never over bytes a writer wrote meanwhile, nor beyond ``source_len``). Runs
+        before the fetch's task closes ``fd`` (that task takes what is left itself)."""
+        entry = f.entry
+        while f.arrived and not f.finished:
+            offset, data = f.arrived.popleft()
+            end = offset + len(data)
+            if entry.present is None or f.error is not None:
+                continue
             try:
-                await store.download(bucket, key, dl, etag=etag, size=size)
-                self.downloads += 1
-                if dl.done != size:
-                    raise Changed(f"GET {bucket}/{key}: {dl.done} bytes, expected {size}")
-                os.replace(tmp, final)
-                if entry.download is dl:
-                    entry.path = final
-            except BaseException as exc:
-                error = exc if isinstance(exc, Exception) else StoreError(errno.EIO, "mount stopping")
-                log.warning("download of %s/%s failed: %s", bucket, key, exc)
-                if entry.download is dl:  # forget this version: the next open fetches again
-                    entry.etag = None
-                    entry.validated = float("-inf")
-                if not isinstance(exc, Exception):
-                    raise
-            finally:
-                self.streaming -= 1
-                dl.finish(error)
-                os.close(dl.fd)
-                if entry.download is dl:
-                    entry.download = None
-                if error is not None and os.path.exists(tmp):
-                    os.unlink(tmp)
-                self.evict()
-        self.nursery.start_soon(run)
-        return entry
+                for gap_start, gap_end in entry.present.missing(offset, min(end, entry.source_len)):
+                    pwrite_all(fd, gap_start, memoryview(data)[gap_start - offset:gap_end - offset])
+                    entry.present.add(gap_start, gap_end)
+            except OSError as exc:
+                f.cancelled = True  # the thread stops at its next write
+                f.error = cache_file_error(exc, f"cache file for {entry.bucket}/{entry.key}")
+                continue
+            f.received = f.marked = end
+        f.wake()
+
+    def _add_present(self, entry: CacheEntry, start: int, end: int) -> None:
+        present = entry.present
+        if present is None:
+            return
+        if entry.dirty or not self._holds(entry):  # dirty: counted by size; gone: not at all
+            present.add(start, end)
+            return
+        added = sum(e - s for s, e in present.missing(start, end))
+        present.add(start, end)
+        self.bytes += added
+        entry.counted += added
+        for block in self._blocks(start, end):
+            unit = (entry.serial, block)
+            self._lru[unit] = entry
+            self._lru.move_to_end(unit)
+            entry.blocks.add(block)
+
+    def _holds(self, entry: CacheEntry) -> bool:
+        return self.entries.get((entry.bucket, entry.key)) is entry
+
+    def touch(self, entry: CacheEntry, start: int, end: int) -> None:
+        """Bytes [start, end) of the entry were read: its blocks are the most recently used."""
+        if entry.blocks:
+            lru = self._lru
+            for block in self._blocks(start, end):
+                unit = (entry.serial, block)
+                if unit in lru:
+                    lru.move_to_end(unit)
+
+    # ------------------------------------------------------------------ opens
 
     def hold(self, entry: CacheEntry) -> None:
-        """An open handle uses the entry (never evicted until ``release``)."""
+        """An open handle uses the entry (never dropped until ``release``)."""
         entry.opens += 1
-        self.entries.move_to_end((entry.bucket, entry.key))
+        if self._holds(entry):
+            self.entries.move_to_end((entry.bucket, entry.key))
 
     def release(self, entry: CacheEntry) -> None:
         entry.opens -= 1
         if entry.opens == 0:
+            if entry.present is not None and not entry.present and not entry.fetches \
+                    and not entry.dirty:
+                self._drop_unused(entry)
             self.evict()
 
+    def _drop_unused(self, entry: CacheEntry) -> None:
+        """An empty clean entry nobody has open: its file goes (and, unless a version
+        change is under way, the entry)."""
+        if self._holds(entry) and (entry.bucket, entry.key) not in self._busy:
+            self.drop(entry)
+
     def forget(self, bucket: str, key: str) -> None:
-        """The object is gone: drop its entry unless it is open or dirty."""
+        """The object is gone: drop its entry unless it is open, dirty or being fetched."""
         entry = self.entries.get((bucket, key))
-        if entry is not None and entry.opens == 0 and not entry.dirty and entry.download is None \
+        if entry is not None and entry.opens == 0 and not entry.dirty and not entry.fetches \
                 and (bucket, key) not in self._busy:
             self.drop(entry)
 
     def drop(self, entry: CacheEntry) -> None:
-        """Out of the cache, its file deleted (a dirty entry's record is the write side's)."""
-        if self.entries.get((entry.bucket, entry.key)) is entry:
+        """Out of the cache, its file deleted (open handles keep their descriptors; a dirty
+        entry's record is the write side's); fetches nobody waits for stop."""
+        if self._holds(entry):
             del self.entries[(entry.bucket, entry.key)]
-        self.bytes -= entry.size
+            self.bytes -= entry.counted
+        entry.counted = 0
+        for block in entry.blocks:
+            self._lru.pop((entry.serial, block), None)
+        entry.blocks = set()
+        self.cancel(list(entry.fetches.values()))
         _unlink(entry.path)
 
     # ------------------------------------------------------------ write side's files
 
-    def _read_journal(self) -> list[dict]:
-        records = []
-        if not self.journal.is_dir():
-            return records
-        for p in sorted(self.journal.iterdir(), key=lambda p: p.stat().st_mtime_ns):
-            if not p.name.endswith(".json"):
-                p.unlink()  # a record being written when the mount died
-                continue
-            try:
-                r = json.loads(p.read_text())
-                if not (self.dir / r["file"]).is_file():
-                    raise ValueError("data file missing")
-                records.append(r)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("journal record %s unusable (%s): dropped", p.name, exc)
-                p.unlink()
-        return records
-
-    def write_record(self, record: dict) -> None:
-        """Put a dirty file's journal record on disk (tmp + rename: never half a record; not
-        fsync'd: it outlives the process, not a kernel crash). Raises StoreError."""
-        final = self.journal / (record["file"] + ".json")
-        if self._doomed:  # (only the loop adds to it) written again before its removal
-            with self._doomed_lock:
-                self._doomed.discard(final.name)
-        tmp = self.journal / f"{record['file']}.json.{next(self._seq)}.tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, final)
-        except OSError as exc:
-            _unlink(str(tmp))
-            raise cache_file_error(exc, f"journal of {record['bucket']}/{record['key']}") from exc
-
-    def remove_record(self, record: dict) -> None:
-        """Drop a record: at once, or (``run_removals`` running) soon, by a worker thread."""
-        name = record["file"] + ".json"
-        if self._doomed_kick is None:
-            _unlink(str(self.journal / name))
-            return
-        with self._doomed_lock:
-            self._doomed.add(name)
-        self._doomed_kick.set()
-
-    def remove_doomed(self) -> None:
-        """Blocking: unlink the records ``remove_record`` left to the background. One at a
-        time under the lock: a record written again meanwhile (``write_record``) is spared."""
-        while True:
-            with self._doomed_lock:
-                if not self._doomed:
-                    return
-                _unlink(str(self.journal / self._doomed.pop()))
-
-    def removals_pending(self) -> bool:
-        return bool(self._doomed) or self._removing
-
-    async def run_removals(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Background: remove the records of uploaded files in a worker thread, in batches
-        (whatever gathered while the last batch ran); the rest inline when it ends."""
-        self._doomed_kick = trio.Event()
-        task_status.started()
-        try:
-            while True:
-                await self._doomed_kick.wait()
-                self._doomed_kick = trio.Event()
-                self._removing = True
-                try:
-                    await trio.to_thread.run_sync(self.remove_doomed)
-                finally:
-                    self._removing = False
-        finally:
-            self._doomed_kick = None
-            self.remove_doomed()
-
     def own_file(self, bucket: str, key: str, *, empty: bool, held: int = 0) -> CacheEntry:
         """A new entry of ``bucket/key`` in place of the cached one, with a file of its own
-        (``data/w-<id>``): empty (``empty``, or no cached content), or the cached content
-        taken over (moved, or copied while readers have it open; ``held``: opens of the
-        caller, not readers). Raises StoreError (ENOSPC, EIO) when the cache disk refuses."""
+        (``data/w-<id>``): empty (``empty``, or no cached content), or the cached file taken
+        over (moved; copied while readers have it open or fetches write to it; ``held``:
+        opens of the caller, not readers) with its ``present``/``source``. Raises StoreError
+        (ENOSPC, EIO) when the cache disk refuses."""
         k = (bucket, key)
         entry = self.entries.get(k)
         path = str(self.dir / f"w-{os.urandom(8).hex()}")
+        take = not empty and entry is not None and entry.etag is not None
         try:
-            if empty or entry is None or entry.etag is None or entry.download is not None:
+            if not take:
                 open(path, "xb").close()
-                size = 0
-            elif entry.opens > held:
+            elif entry.opens > held or entry.fetches:
                 shutil.copyfile(entry.path, path)  # open readers keep their version
-                size = entry.size
             else:
                 os.rename(entry.path, path)
-                size = entry.size
         except OSError as exc:
             _unlink(path)
             raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
-        if entry is not None:
-            self.bytes -= entry.size
         new = CacheEntry(bucket, key, path)
-        new.etag, new.size = "", size
-        if entry is not None and entry.path != path and entry.download is None:
-            _unlink(entry.path)  # open readers keep reading through their descriptors
+        new.etag = ""
+        if take:
+            new.size = entry.size
+            if entry.present is not None and not entry.present.covers(0, entry.size):
+                new.present = entry.present.copy()
+                new.source, new.source_len = entry.source, entry.source_len
+        if entry is not None:
+            self.drop(entry)  # open readers keep reading through their descriptors
         self.entries[k] = new
-        self.entries.move_to_end(k)
-        self.bytes += size
+        self._recount(new)
         return new
 
     def add(self, entry: CacheEntry) -> None:
@@ -471,41 +566,62 @@ class DataCache:
         if old is not None:
             self.drop(old)
         self.entries[(entry.bucket, entry.key)] = entry
-        self.bytes += entry.size
+        self._recount(entry)
+        if not entry.dirty:
+            self._as_blocks(entry)
 
     def resize(self, entry: CacheEntry, size: int) -> None:
-        self.bytes += size - entry.size
         entry.size = size
+        self._recount(entry)
+
+    def _recount(self, entry: CacheEntry) -> None:
+        """What the entry adds to ``bytes``: a dirty (or complete) one its size, a clean one
+        its present bytes."""
+        if not self._holds(entry):
+            return
+        n = entry.size if entry.dirty or entry.present is None else entry.present.total
+        self.bytes += n - entry.counted
+        entry.counted = n
 
     def validated(self, entry: CacheEntry, etag: str) -> None:
-        """The entry's content is object version ``etag`` in S3 now (it was uploaded)."""
+        """The entry's content is object version ``etag`` in S3 now (it was uploaded): a
+        clean entry whose blocks may be evicted and fetched again from that version."""
         entry.etag = etag
         entry.validated = trio.current_time()
+        if not entry.dirty:
+            entry.source, entry.source_len = (entry.bucket, entry.key, etag), entry.size
+            self._as_blocks(entry)
         self.evict()
+
+    def _as_blocks(self, entry: CacheEntry) -> None:
+        """A clean entry's bytes as blocks in the LRU (evictable one by one)."""
+        if entry.present is None:
+            entry.present = RangeSet([(0, entry.size)])
+        entry.present.truncate(entry.size)
+        if self._holds(entry):
+            for block in entry.blocks:
+                self._lru.pop((entry.serial, block), None)
+            entry.blocks = set()
+            entry.counted, self.bytes = 0, self.bytes - entry.counted
+            for start, end in list(entry.present):
+                entry.present.remove(start, end)
+                self._add_present(entry, start, end)
 
     def rekey(self, entry: CacheEntry, bucket: str, key: str) -> None:
         """The entry now belongs to ``bucket/key`` (a rename); an entry there is dropped
-        (a dirty one is the write side's to discard first: its journal record)."""
-        if self.entries.get((entry.bucket, entry.key)) is entry:
+        (a dirty one is the write side's to discard first: its journal record). A clean
+        entry's missing bytes come from the new key (the same version, copied there)."""
+        if self._holds(entry):
             del self.entries[(entry.bucket, entry.key)]
         old = self.entries.get((bucket, key))
         if old is not None and old is not entry:
             self.drop(old)
-        if entry.download is None and entry.path == self._path(entry.bucket, entry.key):
-            # a downloaded file is named by its key: it moves with it, else the old key's
-            # next download would land on it
-            path = self._path(bucket, key)
-            try:
-                os.rename(entry.path, path)
-                entry.path = path
-            except OSError as exc:
-                log.warning("cache file of %s/%s: %s", bucket, key, exc)
-                self.bytes -= entry.size
-                entry.etag = None  # unusable: downloaded again when read
+        if not entry.dirty and entry.source is not None:
+            entry.source = (bucket, key, entry.source[2])
         entry.bucket, entry.key = bucket, key
         self.entries[(bucket, key)] = entry
 
-    # the free-space floor: whatever ``limit`` says, clean entries go while the cache's file
+    # the free-space floor: whatever ``limit`` says, clean blocks go while the cache's file
     # system has less free than the smaller of these (``limit`` None: the only bound)
     free_floor_bytes = 1 << 30
     free_floor_ratio = 0.05
@@ -533,21 +649,69 @@ class DataCache:
         return shortfall
 
     def evict(self) -> None:
-        """Drop least-recently-used clean, closed entries until within ``limit`` and the
-        free-space floor."""
+        """Evict least-recently-used clean blocks until within ``limit`` and the free-space
+        floor: first blocks of entries nobody has open, then of open ones."""
         limit = self.limit
         shortfall = self._space_shortfall()
         if shortfall:
             limit = max(0, min(self.bytes if limit is None else limit, self.bytes - shortfall))
         if limit is None or self.bytes <= limit:
             return
-        for k, entry in list(self.entries.items()):
-            if self.bytes <= limit:
-                break
-            if entry.opens or entry.dirty or entry.download is not None or k in self._busy:
-                continue
-            self.drop(entry)
-            self.evictions += 1
+        bs = self.block_size
+        for open_too in (False, True):
+            for unit, entry in list(self._lru.items()):
+                if self.bytes <= limit:
+                    return
+                if unit not in self._lru:
+                    continue  # its entry was dropped meanwhile
+                if entry.dirty or entry.writers or (entry.opens and not open_too):
+                    continue
+                block = unit[1]
+                start, end = block * bs, min((block + 1) * bs, entry.size)
+                if block in entry.fetches or any(s < end and start < e for s, e in entry.pinned):
+                    continue
+                self._evict_block(entry, block, start, end)
+
+    def _evict_block(self, entry: CacheEntry, block: int, start: int, end: int) -> None:
+        del self._lru[(entry.serial, block)]
+        entry.blocks.discard(block)
+        self.evictions += 1
+        present = entry.present
+        had = present.total
+        present.remove(start, end)
+        if not present and not entry.opens and not entry.fetches \
+                and (entry.bucket, entry.key) not in self._busy:
+            self.drop(entry)  # nothing left: the file goes
+            return
+        freed = had - present.total
+        self.bytes -= freed
+        entry.counted -= freed
+        if freed and not _punch_hole(entry.path, start, end - start) and not self._punch_warned:
+            self._punch_warned = True
+            log.warning("the cache directory %s cannot punch holes into files (fallocate): "
+                        "evicted blocks of open files keep their disk space until closed",
+                        self.dir)
+
+
+_libc = None
+
+
+def _punch_hole(path: str, offset: int, length: int) -> bool:
+    """Free the disk blocks of [offset, offset + length) of a file, its size unchanged
+    (reads there see zeros). False when the file system cannot."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+        return _libc.fallocate(fd, 0x01 | 0x02, offset, length) == 0
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:
@@ -555,83 +719,3 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-# ------------------------------------------------------------ cache directories of mounts
-
-LOCK = "lock"
-OWNER = "owner.json"
-
-
-def claim(directory: str | os.PathLike, views_file: str | None) -> int:
-    """Take the cache directory for this mount: an exclusive ``flock`` on ``<dir>/lock``,
-    held (by the returned descriptor) for the mount's life and dropped by the kernel however
-    the process ends; and ``owner.json`` naming the views file and user, by which a later
-    mount finds the directory's journal if it was left behind (``adopt_orphans``). Raises
-    BlockingIOError when a live mount holds it."""
-    import fcntl
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
-        os.close(fd)
-        raise
-    if views_file is not None:
-        tmp = d / (OWNER + ".tmp")
-        tmp.write_text(json.dumps({"views": os.path.realpath(views_file), "uid": os.getuid()}))
-        os.replace(tmp, d / OWNER)
-    return fd
-
-
-def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
-                  views_file: str | None) -> list[str]:
-    """Move the journal (records and their data files) of every cache directory under
-    ``others`` that an earlier mount of the same views file by the same user left behind
-    and no live mount holds (its lock is free) into ``directory``, before its DataCache
-    starts: dirty files survive a remount at another mount point. Returns the directories
-    adopted from."""
-    import fcntl
-    here = Path(directory).resolve()
-    if views_file is None or not Path(others).is_dir():
-        return []
-    want = {"views": os.path.realpath(views_file), "uid": os.getuid()}
-    adopted = []
-    for d in sorted(Path(others).iterdir()):
-        journal = d / "journal"
-        try:
-            if d.resolve() == here or not journal.is_dir() or not any(journal.iterdir()):
-                continue
-            if json.loads((d / OWNER).read_text()) != want:
-                continue
-            fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except (OSError, ValueError):
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live mount: its journal is its own
-            (here / "journal").mkdir(parents=True, exist_ok=True)
-            (here / "data").mkdir(parents=True, exist_ok=True)
-            moved = 0
-            for p in sorted(journal.iterdir(), key=lambda p: p.stat().st_mtime_ns):
-                if not p.name.endswith(".json"):
-                    continue
-                try:
-                    r = json.loads(p.read_text())
-                    data = d / "data" / r["file"]
-                    if data.is_file():  # data first: a record is never without its file
-                        os.rename(data, here / "data" / r["file"])
-                    os.rename(p, here / "journal" / p.name)
-                    moved += 1
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    log.warning("journal record %s of %s not taken over: %s", p.name, d, exc)
-            if moved:
-                log.info("took over %d dirty files from the journal of %s (an earlier mount of "
-                         "%s)", moved, d, want["views"])
-                adopted.append(str(d))
-        finally:
-            os.close(fd)
-    return adopted

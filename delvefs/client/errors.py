@@ -21,7 +21,9 @@ a download's cache file: disk full (ENOSPC,     the same    ``store_error``
 a cache file (data, journal) refused: OSError   its errno,  ``cache_file_error``,
                                                 else EIO    ``cache_failure``,
                                                             ``errno_of_oserror``
-a streaming download failed under its reader    EIO         ``download_failed``
+a block an open file needs could not be         EIO         ``read_failed``
+  fetched (S3 failed, or its version is gone:
+  412, 404; the cache disk refused)
 the handler still scans the bucket: a view      EAGAIN      ``handler_failure``
   never listed after ``DELVEFS_SCAN_WAIT``,
   ``user.delvefs.sync`` at once
@@ -159,9 +161,12 @@ def store_failure(exc: StoreError, what: str, bucket: str, key: str) -> FsError:
     return FsError(exc.errno, f"{what} {bucket}/{key}: {exc}", logged=True)
 
 
-def download_failed(message: str) -> FsError:
-    """A download failed while its reader waited: EIO rather than bytes of two versions."""
-    return FsError(errno.EIO, message)
+def read_failed(exc: StoreError, entry: CacheEntry) -> FsError:
+    """A read of an open file lacks bytes the cache could not fetch (S3 failed, the version
+    it reads is gone or changed, the cache disk refused): one log line naming the object,
+    and EIO — never bytes of another version."""
+    log.warning("reading %s/%s: %s", entry.bucket, entry.key, exc)
+    return FsError(errno.EIO, f"reading {entry.bucket}/{entry.key}: {exc}", logged=True)
 
 
 def handler_failure(exc: HandlerError, what: str) -> FsError:

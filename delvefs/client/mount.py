@@ -271,7 +271,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
     from ..shared import sdnotify
     from ..shared.quietgc import QuietGC
     from . import fuse_adapter, options
-    from . import datacache
+    from . import journal
     from .datacache import DataCache
     from .fs.core import FileSystem
     from .errors import StoreError
@@ -316,10 +316,10 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
         # the cache dir is this mount's alone (a lock file); journals that earlier mounts of
         # this views file left in other cache dirs (another mount point) are taken over
         try:
-            stack.callback(os.close, datacache.claim(cache_dir, views_path))
+            stack.callback(os.close, journal.claim(cache_dir, views_path))
         except BlockingIOError:
             raise MountError(f"cache directory {cache_dir} is in use by another mount") from None
-        datacache.adopt_orphans(cache_dir, STATE_DIR / "mounts", views_path)
+        journal.adopt_orphans(cache_dir, STATE_DIR / "mounts", views_path)
         cache = DataCache(cache_dir, cache_size)
         with contextlib.suppress(FileNotFoundError):
             (cache_dir / REPORT).unlink()
@@ -400,7 +400,7 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
                 quiet.tick()
 
         async with trio.open_nursery() as nursery:
-            cache.nursery = nursery  # large objects stream (read while downloading)
+            cache.nursery = nursery  # where the cache's ranged GETs run
             nursery.start_soon(notifier.run)
             nursery.start_soon(quiet_gc)
             await nursery.start(watch_signals)
@@ -425,7 +425,8 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
             await nursery.start(control.serve)
             nursery.start_soon(serve_then_stop)
             # the request loop now runs: a stat answers, so the mount is ready
-            await trio.to_thread.run_sync(os.stat, mountpoint)
+            st = await trio.to_thread.run_sync(os.stat, mountpoint)
+            fuse_adapter.raise_read_ahead(st.st_dev)  # sequential reads in 1 MiB requests
             nursery.start_soon(core.prefetch)
             ready()
             sdnotify.ready(f"mounted {len(views)} views at {mountpoint}")
@@ -447,12 +448,12 @@ async def _ping(mountpoint: str, cache_dir: Path, args: dict) -> dict:
 async def _warm(store, cache) -> None:
     """Make the boto3 client (tags, copies, multipart uploads; the lean client does the
     rest) in the background once the mount is ready — after a moment, so that a first
-    ``ls`` does not share the GIL with botocore, and not while a large download streams
+    ``ls`` does not share the GIL with botocore, and not while ranged GETs run
     (building it took 0.2-0.5 s off a first 1 GiB read). An operation that needs it
     earlier makes it itself."""
     import trio
     await trio.sleep(0.5)
-    while cache.streaming:
+    while cache.fetching:
         await trio.sleep(0.25)
     await store.warm()
 

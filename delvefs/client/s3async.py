@@ -1,9 +1,9 @@
 """Async access to S3 for the core: every S3 call (boto3's, or :class:`s3.LeanClient`'
-for deletes, HEADs, small PUTs and downloads) runs in a worker thread
+for deletes, HEADs, small PUTs and ranged GETs) runs in a worker thread
 (``trio.to_thread.run_sync``) under a CapacityLimiter, so the trio loop never blocks.
 
 ``S3Store`` is the real one; tests give the core a fake with the same coroutines
-(read side: head, tags, download; write side: upload, copy, delete, put_tags).
+(read side: head, tags, get_range; write side: upload, copy, delete, put_tags).
 Errors come out as :class:`StoreError` with an errno (ENOENT, EACCES, EIO, ...; the table is
 ``delvefs.client.errors``), a 412 as its subclass :class:`Changed`.
 """
@@ -26,15 +26,18 @@ log = logging.getLogger(__name__)
 
 
 CLIENT = object()   # placeholders in S3Store._call's arguments
-MANAGER = object()
 LEAN = object()     # the lean client (``lean``) if given, else CLIENT
+
+
+class StopGet(Exception):
+    """Raised by a ``get_range`` writer to end the GET: nobody wants its bytes any more."""
 
 
 class S3Store:
     """``client`` is a boto3 client, or a function that makes one: then it is made on first
     use (or by ``warm``) in a worker thread, so a mount need not wait for botocore.
     ``lean`` (an :class:`s3.LeanClient`, when the credentials are static) makes the
-    DeleteObject, HeadObject and single-PutObject requests and the downloads' ranged GETs
+    DeleteObject, HeadObject and single-PutObject requests and the reads' ranged GETs
     instead of it."""
 
     def __init__(self, client, *, threads: int = 32, part_size: int = 8 * 1024 * 1024,
@@ -42,10 +45,11 @@ class S3Store:
                  lean: s3.LeanClient | None = None):
         self._factory = client if callable(client) and not hasattr(client, "meta") else None
         self._client = None if self._factory is not None else client
-        self._manager = None
         self._made = threading.Lock()
         self.limiter = trio.CapacityLimiter(threads)
-        self._downloads = trio.CapacityLimiter(4)  # whole-object transfers at once
+        # ranged GETs (reads, read-ahead) in threads of their own: a long sequential read
+        # never keeps the HEADs, PUTs and DELETEs of other operations waiting for a thread
+        self._gets = trio.CapacityLimiter(max(1, threads // 2))
         self.part_size = part_size
         self.part_concurrency = part_concurrency
         self._copier = None
@@ -53,28 +57,17 @@ class S3Store:
         self.copy_threshold = copy_threshold
         self._uploads = trio.CapacityLimiter(4)  # whole-object uploads at once
         self.lean = lean
-        if self._client is not None:
-            self._make()
 
     def _make(self):
-        """The client and transfer manager (made once; any thread)."""
+        """The client (made once; any thread)."""
         with self._made:
-            if self._manager is None:
-                if self._client is None:
-                    self._client = self._factory()
-                self._manager = s3.make_transfer_manager(self._client, part_size=self.part_size,
-                                                         concurrency=self.part_concurrency)
+            if self._client is None:
+                self._client = self._factory()
             return self._client
 
     @property
     def client(self):
-        return self._client if self._manager is not None else self._make()
-
-    @property
-    def manager(self):
-        if self._manager is None:
-            self._make()
-        return self._manager
+        return self._client if self._client is not None else self._make()
 
     async def warm(self) -> None:
         """Make the client now (in a worker thread); errors show at its first use."""
@@ -86,23 +79,19 @@ class S3Store:
     def close(self) -> None:
         if self.lean is not None:
             self.lean.close()
-        if self._manager is not None:
-            self._manager.shutdown()
         if self._copier is not None:
             self._copier.shutdown()
 
     async def _call(self, what: str, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` in a worker thread; ``CLIENT`` / ``MANAGER`` / ``LEAN``
-        in args stand for the client, the transfer manager (made there on first use) and
-        the lean client."""
+        """``fn(*args, **kwargs)`` in a worker thread; ``CLIENT`` / ``LEAN`` in args stand
+        for the client (made there on first use) and the lean client."""
         lean = self.lean if self.lean is not None else CLIENT
         args = tuple(lean if a is LEAN else a for a in args)
 
         def run():
-            if self._manager is None and any(a is CLIENT or a is MANAGER for a in args):
+            if self._client is None and any(a is CLIENT for a in args):
                 self._make()
-            return fn(*(self._client if a is CLIENT else self._manager if a is MANAGER else a
-                        for a in args), **kwargs)
+            return fn(*(self._client if a is CLIENT else a for a in args), **kwargs)
         try:
             return await trio.to_thread.run_sync(run, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
@@ -115,54 +104,27 @@ class S3Store:
         return await self._call(f"GetObjectTagging {bucket}/{key}", s3.get_object_tags,
                                 CLIENT, bucket, key)
 
-    async def download(self, bucket: str, key: str, target, *, etag: str, size: int) -> None:
-        """The object version ``etag`` (``size`` bytes; every GET pinned to it with If-Match)
-        into ``target``: a file name, or a :class:`delvefs.client.datacache.Download` (readable while
-        it fills). With ``lean``: ranged GETs of ``part_size``, ``part_concurrency`` at a
-        time in worker threads, started in the order of their offsets (a streaming reader
-        needs the first bytes first); else s3transfer."""
-        what = f"GET {bucket}/{key}"
-        async with self._downloads:
-            if self.lean is None:
-                await self._call(what, s3.download_object, MANAGER, bucket, key, target,
-                                 etag=etag, size=size)
-                return
-            fd = None
-            try:
-                if isinstance(target, str):
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    write = functools.partial(pwrite_all, fd)
-                else:
-                    write = target.write_at
-                await self._get_parts(bucket, key, etag, size, write)
-            except Exception as exc:  # noqa: BLE001 — mapped to an errno
-                raise store_error(exc, what) from exc
-            finally:
-                if fd is not None:
-                    os.close(fd)
-
-    async def _get_parts(self, bucket: str, key: str, etag: str, size: int, write) -> None:
-        running = trio.Semaphore(self.part_concurrency)
-        threads = trio.CapacityLimiter(self.part_concurrency)
-        failed: list[Exception] = []
-
-        async def part(start: int) -> None:
-            try:
-                await trio.to_thread.run_sync(functools.partial(
-                    self.lean.get_range, bucket, key, start, min(start + self.part_size, size),
-                    etag=etag, write=write), limiter=threads)
-            except Exception as exc:  # noqa: BLE001 — the first one is raised below
-                failed.append(exc)
-                nursery.cancel_scope.cancel()
-            finally:
-                running.release()
-
-        async with trio.open_nursery() as nursery:
-            for start in range(0, size, self.part_size):
-                await running.acquire()
-                nursery.start_soon(part, start)
-        if failed:
-            raise failed[0]
+    async def get_range(self, bucket: str, key: str, start: int, end: int, *, etag: str,
+                        write) -> None:
+        """Bytes [start, end) of the object version ``etag`` (If-Match: a changed object is
+        :class:`Changed`), handed to ``write(offset, data)`` in a worker thread as they
+        arrive (``data`` is valid only during the call). An exception of ``write`` ends the
+        GET and is raised (:class:`StopGet` as it is: nobody needs the bytes). With
+        ``lean`` its ``get_range`` (a failed try resumes where it stopped), else boto3's
+        GetObject with Range."""
+        what = f"GET {bucket}/{key} bytes {start}-{end - 1}"
+        try:
+            if self.lean is not None:
+                get = functools.partial(self.lean.get_range, bucket, key, start, end, etag=etag,
+                                        write=write)
+            else:
+                def get():
+                    _boto_get_range(self.client, bucket, key, start, end, etag, write)
+            await trio.to_thread.run_sync(get, limiter=self._gets)
+        except (StoreError, StopGet):
+            raise
+        except Exception as exc:  # noqa: BLE001 — mapped to an errno
+            raise store_error(exc, what) from exc
 
     async def upload(self, bucket: str, key: str, filename: str, *, size: int,
                      tags: dict[str, str] | None, content_type: str | None,
@@ -335,13 +297,26 @@ class Multipart:
     async def send_part(self, number: int, filename: str, offset: int, length: int) -> str | None:
         """Send part ``number`` in a slot taken before (released here): its ETag, or None
         when it failed (the error kept in ``errors``)."""
+        return await self._part(number, f"{self.what} part {number}", s3.upload_part,
+                                filename, offset, length)
+
+    async def send_copy(self, number: int, source: tuple[str, str, str], start: int,
+                        end: int) -> str | None:
+        """Part ``number`` copied server-side (UploadPartCopy) from bytes [start, end) of
+        ``source`` = (bucket, key, etag), pinned to that ETag (a changed source: ``Changed``
+        in ``errors``); in a slot taken before, like ``send_part``."""
+        sb, sk, etag = source
+        return await self._part(number, f"{self.what} part {number} (copy of {sb}/{sk} "
+                                f"bytes {start}-{end - 1})", s3.upload_part_copy,
+                                sb, sk, etag, start, end)
+
+    async def _part(self, number: int, what: str, fn, *args) -> str | None:
         self._active += 1
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         try:
             upload_id = await self._start()
-            etag = await self.store._call(
-                f"{self.what} part {number}", s3.upload_part, CLIENT, self.bucket, self.key,
-                upload_id, number, filename, offset, length)
+            etag = await self.store._call(what, fn, CLIENT, self.bucket, self.key, upload_id,
+                                          number, *args)
             self.parts[number] = etag
             return etag
         except StoreError as exc:
@@ -392,6 +367,22 @@ class Multipart:
                                        self.key, upload_id)
             except StoreError as exc:
                 log.info("aborting %s: %s", self.what, exc)
+
+
+def _boto_get_range(client, bucket: str, key: str, start: int, end: int, etag: str, write,
+                    chunk: int = 1 << 20) -> None:
+    """``S3Store.get_range`` through a boto3 client (a worker thread)."""
+    body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
+                             IfMatch=f'"{etag}"')["Body"]
+    try:
+        while start < end:
+            data = body.read(min(chunk, end - start))
+            if not data:
+                raise OSError(errno.EIO, f"{end - start} bytes missing at the end of the GET")
+            write(start, data)
+            start += len(data)
+    finally:
+        body.close()
 
 
 def pwrite_all(fd: int, offset: int, data) -> None:

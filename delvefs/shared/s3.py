@@ -170,30 +170,6 @@ def head_object(client, bucket: str, key: str) -> dict:
             "metadata": dict(r.get("Metadata") or {})}
 
 
-def make_transfer_manager(client, *, part_size: int = 8 * 1024 * 1024, concurrency: int = 10):
-    """An s3transfer TransferManager doing parallel ranged GETs of ``part_size`` above
-    ``part_size`` (one per object reader; close it with ``shutdown()``)."""
-    from boto3.s3.transfer import TransferConfig, create_transfer_manager
-    config = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size,
-                            max_concurrency=concurrency, use_threads=True)
-    return create_transfer_manager(client, config)
-
-
-def download_object(manager, bucket: str, key: str, filename: str, *, etag: str, size: int) -> None:
-    """Download exactly the object version whose ETag is ``etag`` (``size`` bytes) to
-    ``filename``: every GET, ranged or not, carries ``IfMatch``, so a concurrent overwrite
-    fails the download (ClientError 'PreconditionFailed', HTTP 412) instead of mixing
-    versions. s3transfer writes a temporary file and renames it onto ``filename``."""
-    from s3transfer.subscribers import BaseSubscriber
-
-    class _Known(BaseSubscriber):
-        def on_queued(self, future, **kwargs):
-            future.meta.provide_transfer_size(size)
-            future.meta.provide_object_etag(f'"{etag}"')
-
-    manager.download(bucket, key, filename, subscribers=[_Known()]).result()
-
-
 # --- write path of the FUSE client (delvefs.client.s3async calls these from worker threads) ---
 
 def _tagging(tags: dict[str, str] | None) -> str:
@@ -229,18 +205,6 @@ def put_file(client, bucket: str, key: str, filename: str, *, tags: dict[str, st
     return r.get("ETag", "").strip('"')
 
 
-def upload_file(manager, bucket: str, key: str, filename: str, *, tags: dict[str, str] | None = None,
-                content_type: str | None = None) -> None:
-    """Upload a file through s3transfer (multipart, parallel parts, above the manager's
-    threshold) with ``tags`` as the object's tag set and ``content_type``."""
-    extra = {}
-    if tags:
-        extra["Tagging"] = _tagging(tags)
-    if content_type:
-        extra["ContentType"] = content_type
-    manager.upload(filename, bucket, key, extra_args=extra).result()
-
-
 def create_multipart(client, bucket: str, key: str, *, tags: dict[str, str] | None = None,
                      content_type: str | None = None) -> str:
     """Start a multipart upload (the object gets ``tags`` when it completes); its id."""
@@ -262,6 +226,18 @@ def upload_part(client, bucket: str, key: str, upload_id: str, number: int, file
         raise OSError(f"{filename}: {len(body)} bytes at {offset}, expected {length}")
     return client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
                               Body=body)["ETag"]
+
+
+def upload_part_copy(client, bucket: str, key: str, upload_id: str, number: int, src_bucket: str,
+                     src_key: str, src_etag: str, start: int, end: int) -> str:
+    """Part ``number`` copied server-side from bytes [start, end) of ``src_bucket/src_key``,
+    only while that object is version ``src_etag`` (x-amz-copy-source-if-match: a changed or
+    deleted source answers 412 / NoSuchKey); the part's ETag."""
+    r = client.upload_part_copy(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                CopySource={"Bucket": src_bucket, "Key": src_key},
+                                CopySourceIfMatch=f'"{src_etag}"',
+                                CopySourceRange=f"bytes={start}-{end - 1}")
+    return r["CopyPartResult"]["ETag"]
 
 
 def complete_multipart(client, bucket: str, key: str, upload_id: str, parts: list[str], *,

@@ -150,14 +150,16 @@ class FakeStore:
         self.part_size = 8 * 1024 * 1024   # files from this size on stream parts while written
         self.part_concurrency = 10
         self.multiparts: list = []
+        self.copied_bytes = 0    # multipart uploads: bytes of parts copied server-side
+        self.part_bytes = 0      # and of parts sent from a file
         self.delete_batches = 0
         self.deleted: list[list[str]] = []   # every DeleteObjects batch's keys
         self.fail_writes: int | None = None  # errno for upload/copy/delete/put_tags (S3 down)
         self.uploaded: list[dict] = []       # every upload: key, tags, content_type, data
-        self.chunk = 1000        # streaming downloads: bytes per write
-        self.shuffle = False     # write odd chunks first
-        self.fail_after = None   # fail a streaming download at this offset
-        self.progress: list[int] = []
+        self.gets: list[tuple[str, int, int]] = []  # every ranged GET: key, start, end
+        self.chunk = 64 * 1024   # ranged GETs: bytes per ``write`` (a trio checkpoint each)
+        self.fail_at = None      # a GET reaching this offset fails there (EIO) after the bytes before it
+        self.gate = None         # a trio.Event: GETs wait for it before answering
 
     def put(self, bucket: str, key: str, data: bytes, *, tags=None, metadata=None, mtime=1e9) -> dict:
         etag = hashlib.md5(data).hexdigest()
@@ -180,28 +182,27 @@ class FakeStore:
         self.calls["tags"] += 1
         return dict(self._get(bucket, key)["tags"])
 
-    async def download(self, bucket, key, filename, *, etag, size):
+    async def get_range(self, bucket, key, start, end, *, etag, write):
+        import trio
         self.calls["download"] += 1
+        self.gets.append((key, start, end))
+        if self.gate is not None:
+            await self.gate.wait()
         o = self._get(bucket, key)
         if o["etag"] != etag:
-            raise Changed(f"{bucket}/{key}: 412")
-        if isinstance(filename, str):
-            with open(filename, "wb") as f:
-                f.write(o["data"])
-            return
-        # a file object (streaming download): parts out of order, one chunk per step
-        import trio
-        data, chunk = o["data"], self.chunk
-        starts = list(range(0, len(data), chunk))
-        order = starts[1::2] + starts[0::2] if self.shuffle else starts
-        for start in order:
-            if self.fail_after is not None and start >= self.fail_after:
-                raise Changed(f"{bucket}/{key}: 412 mid-way")
-            filename.seek(start)
-            filename.write(data[start:start + chunk])
-            self.progress.append(start)
+            raise Changed(f"GET {bucket}/{key}: 412")
+        data = o["data"]
+        if end > len(data):
+            raise StoreError(errno.EIO, f"GET {bucket}/{key}: InvalidRange {start}-{end - 1}")
+        for pos in range(start, end, self.chunk):
+            stop = min(end, pos + self.chunk)
+            if self.fail_at is not None and pos <= self.fail_at < end:
+                stop = min(stop, self.fail_at)
+                if stop > pos:
+                    write(pos, memoryview(data)[pos:stop])
+                raise StoreError(errno.EIO, f"GET {bucket}/{key}: connection reset at {self.fail_at}")
+            write(pos, memoryview(data)[pos:stop])
             await trio.sleep(0)
-
 
     # --- write side
     def _check_write(self, what):
@@ -263,6 +264,9 @@ class FakeMultipart:
         self.tags, self.content_type = tags, content_type
         self.parts: dict[int, bytes] = {}
         self.sent: list[int] = []          # part numbers, in the order they were sent
+        self.copied: list[tuple[int, int, int]] = []  # UploadPartCopy: (number, start, end)
+        self.errors: list = []
+        self.what = f"PUT {bucket}/{key} (multipart)"
         self.aborted = False
         self.upload_id = None
         self._slots = trio.Semaphore(store.part_concurrency)
@@ -279,11 +283,38 @@ class FakeMultipart:
     async def wait_slot(self):
         await self._slots.acquire()
 
+    async def send_copy(self, number, source, start, end):
+        """UploadPartCopy of bytes [start, end) of ``source`` = (bucket, key, etag), pinned
+        to the ETag (x-amz-copy-source-if-match)."""
+        import trio
+        try:
+            await trio.sleep(0)
+            if self.store.fail_writes is not None:
+                self.errors.append(StoreError(self.store.fail_writes, f"{self.what}: fake S3 refuses"))
+                return None
+            o = self.store.objects.get(source[:2])
+            if o is None:
+                self.errors.append(StoreError(errno.ENOENT, f"{source[0]}/{source[1]}: no such object"))
+                return None
+            if o["etag"] != source[2] or end > len(o["data"]):
+                self.errors.append(Changed(f"{self.what} part {number}: 412 (copy source)"))
+                return None
+            data = o["data"][start:end]
+            self.upload_id = self.upload_id or "fake-upload"
+            self.parts[number] = data
+            self.sent.append(number)
+            self.copied.append((number, start, end))
+            self.store.copied_bytes += end - start
+            return hashlib.md5(data).hexdigest()
+        finally:
+            self._slots.release()
+
     async def send_part(self, number, filename, offset, length):
         import trio
         try:
             await trio.sleep(0)
             if self.store.fail_writes is not None:
+                self.errors.append(StoreError(self.store.fail_writes, f"{self.what}: fake S3 refuses"))
                 return None
             with open(filename, "rb") as f:
                 f.seek(offset)
@@ -291,6 +322,7 @@ class FakeMultipart:
             self.upload_id = self.upload_id or "fake-upload"
             self.parts[number] = data
             self.sent.append(number)
+            self.store.part_bytes += len(data)
             return hashlib.md5(data).hexdigest()
         finally:
             self._slots.release()

@@ -9,7 +9,7 @@ import os
 import pytest
 import trio
 
-from delvefs.client import datacache
+from delvefs.client import datacache, journal
 from delvefs.client.errors import FsError
 
 from .conftest import view
@@ -133,7 +133,7 @@ async def test_an_old_journal_record_without_a_base_is_replayed_after_a_head(
     with pytest.raises(FsError):
         await w.write("v/f", b"old record")
     w.store.fail_writes = None
-    [record] = list(w.cache.journal.iterdir())
+    [record] = list(w.cache.journal.dir.iterdir())
     r = json.loads(record.read_text())
     del r["base"]                                    # as an older version wrote it
     r["existing"] = existing
@@ -157,13 +157,13 @@ async def test_a_failed_journal_write_is_tried_again(make_world):
     w = await make_world(wview()).start()
     fh, _ = await w.open_write("v/f")
     entry = w.cache.get("b", "data/f")
-    real = w.cache.write_record
-    w.cache.write_record = lambda *a, **kw: (_ for _ in ()).throw(
+    real = w.cache.journal.write
+    w.cache.journal.write = lambda *a, **kw: (_ for _ in ()).throw(
         datacache.StoreError(errno.ENOSPC, "journal: disk full"))
     with pytest.raises(FsError) as e:
         await w.fs.write(fh, 0, b"x")
     assert e.value.errno == errno.ENOSPC and not entry.journaled
-    w.cache.write_record = real
+    w.cache.journal.write = real
     await w.fs.write(fh, 0, b"x")                    # journaled now, before the byte
     assert entry.journaled and len(os.listdir(w.cache.journal)) == 1
     await w.close(fh)
@@ -175,23 +175,23 @@ async def test_journals_of_earlier_mounts_elsewhere_are_taken_over_once(tmp_path
     root = tmp_path / "mounts"
     old, new, busy = root / "old", root / "new", root / "busy"
     for d in (old, busy):
-        os.close(datacache.claim(d, str(views)))
+        os.close(journal.claim(d, str(views)))
         (d / "journal").mkdir()
         (d / "data").mkdir()
         (d / "data" / "w-1").write_bytes(b"dirty")
         (d / "journal" / "w-1.json").write_text(json.dumps(
             {"file": "w-1", "bucket": "b", "key": "data/f", "view": "v", "base": ""}))
-    held = datacache.claim(busy, str(views))        # a live mount holds this one
+    held = journal.claim(busy, str(views))        # a live mount holds this one
     try:
-        fd = datacache.claim(new, str(views))
+        fd = journal.claim(new, str(views))
         with pytest.raises(BlockingIOError):        # one mount per cache dir
-            datacache.claim(new, str(views))
-        assert datacache.adopt_orphans(new, root, str(views)) == [str(old)]
+            journal.claim(new, str(views))
+        assert journal.adopt_orphans(new, root, str(views)) == [str(old)]
         assert (new / "data" / "w-1").read_bytes() == b"dirty"
         assert os.listdir(old / "journal") == [] and os.listdir(busy / "journal") == ["w-1.json"]
         other = tmp_path / "other.yaml"
         other.write_text("x: {bucket: b, object: 'x/*'}\n")
-        assert datacache.adopt_orphans(root / "third", root, str(other)) == []
+        assert journal.adopt_orphans(root / "third", root, str(other)) == []
         cache = datacache.DataCache(new)
         assert [r["key"] for r in cache.recovered] == ["data/f"]
         os.close(fd)
@@ -211,7 +211,7 @@ async def settle(w):
     """Until every queued upload and delete is done (or failed once), and the journal
     records of the uploaded files are gone."""
     while w.fs._pending and not w.fs._failures or w.fs._deletes and not any(
-            d["error"] for d in w.fs._deletes.values()) or w.cache.removals_pending():
+            d["error"] for d in w.fs._deletes.values()) or w.cache.journal.removals_pending():
         await trio.sleep(0.005)
 
 
@@ -505,8 +505,8 @@ async def test_a_record_written_again_before_its_background_removal_stays(make_w
     await w.write("v/f", b"x")
     entry = w.cache.get("b", "data/f")
     record = dict(entry.meta)
-    w.cache._doomed_kick = trio.Event()                  # as while run_removals runs
-    w.cache.remove_record(record)                        # uploaded: its record is doomed ...
-    w.cache.write_record(record)                         # ... dirty again before it went
-    w.cache.remove_doomed()
+    w.cache.journal._doomed_kick = trio.Event()          # as while run_removals runs
+    w.cache.journal.remove(record)                        # uploaded: its record is doomed ...
+    w.cache.journal.write(record)                         # ... dirty again before it went
+    w.cache.journal.remove_doomed()
     assert os.listdir(w.cache.journal) == [record["file"] + ".json"]

@@ -873,9 +873,7 @@ class CoreMachine(RuleBasedStateMachine):
     @rule()
     def events_arrive(self):
         """The handler catches up with S3 (the mount's writes too) and the mount takes the
-        changes in (so the handler's log never holds, unseen by the mount, the event of an
-        upload older than another of the same content:
-        test_an_upload_of_earlier_content_is_not_undone_by_older_events)."""
+        changes in."""
         self.refresh(sync=True)
 
     @rule()
@@ -1139,8 +1137,6 @@ def test_a_rename_over_a_file_being_written_replaces_its_local_copy(make_world):
     run_trio(body, make_world(view("v", writable=True)))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="an older event with the ETag of "
-                   "the newest upload retires its overlay entry: the events between undo it")
 def test_an_upload_of_earlier_content_is_not_undone_by_older_events(make_world):
     async def body(w, clock):
         await w.start()

@@ -337,7 +337,7 @@ async def test_upload_failure_keeps_data_dirty_and_retries(make_world, mock_cloc
         w.store.fail_writes = None
         await trio.sleep(w.fs.retry_max + 1)
         assert w.obj("v", "data/f")["data"] == b"precious"
-        while w.cache.removals_pending():                  # its record goes in a worker thread
+        while w.cache.journal.removals_pending():                  # its record goes in a worker thread
             await trio.sleep(0.01)
         assert not entry.dirty and os.listdir(w.cache.journal) == []
         # access denied and a full cache disk map to their errnos

@@ -2,6 +2,7 @@
 (real MinIO, RabbitMQ, handler and FUSE)."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
@@ -13,6 +14,17 @@ from .mounts import data_views, handler, listdir, mounts, put  # noqa: F401
 from .test_mount_write import get, keys
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
+
+
+def write_back(fd: int) -> None:
+    """Make the kernel send the pages written through ``fd`` to the mount and wait for them
+    (sync_file_range: the data only; an eager mount's writeback cache holds them until
+    close, fsync or the kernel's own writeback)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    wait_before, write, wait_after = 1, 2, 4
+    if libc.sync_file_range(fd, 0, 0, wait_before | write | wait_after) != 0:
+        raise OSError(ctypes.get_errno(), "sync_file_range")
 
 
 def conflict_copies(directory, name: str) -> list[str]:
@@ -69,12 +81,14 @@ def test_a_sigkilled_mount_is_replayed_elsewhere_without_clobbering(mounts, s3, 
     state = mounts.tmp / "state" / "mounts"
     views = data_views(bucket)
     mp = mounts.mount(views, "--eager", cache_dir=state / "first")
-    # both stay open (journaled at their first write), so that the crash certainly comes
-    # before any upload
+    # both stay open (journaled at the first write that reaches the mount), so that the
+    # crash certainly comes before any upload
     kept = os.open(mp / "data/kept.txt", os.O_WRONLY | os.O_APPEND)   # based on "base"
     os.write(kept, b" + mine")
     new = os.open(mp / "data/new.txt", os.O_WRONLY | os.O_CREAT)
     os.write(new, b"journaled, never closed")
+    for fd in (kept, new):   # out of the kernel's writeback cache, without fsync (it uploads)
+        write_back(fd)
     mounts.kill(mp)
     for fd in (kept, new):
         try:

@@ -1,19 +1,17 @@
-"""The mount's downloads against real MinIO: ranged GETs of ``s3.LeanClient`` driven by
-``S3Store.download`` (static keys), into a file and into a streaming ``cache.Download``."""
+"""The mount's ranged GETs against real MinIO: ``s3.LeanClient.get_range`` and
+``S3Store.get_range`` (the lean client with static keys, else boto3), pinned to an ETag."""
 from __future__ import annotations
 
 import errno
-import functools
 import os
 
 import pytest
 import trio
 
 from delvefs.shared import s3 as s3mod
-from delvefs.client.datacache import Download
 from delvefs.shared.config import S3Settings
 from delvefs.client.errors import Changed, StoreError
-from delvefs.client.s3async import S3Store
+from delvefs.client.s3async import S3Store, StopGet
 
 pytestmark = [pytest.mark.services]
 
@@ -56,29 +54,43 @@ def test_get_range_is_pinned_to_the_etag(s3, bucket):
     lean.close()
 
 
-def test_download_to_a_file_and_streaming(s3, bucket, tmp_path):
+@pytest.mark.parametrize("client", ["lean", "boto3"])
+def test_store_get_range_into_a_writer(s3, bucket, client):
     data = os.urandom(5 * PART + 7)
     etag = _put(s3, bucket, "b.bin", data)
 
     async def main():
-        store = _store()
-        target = str(tmp_path / "b")
-        await store.download(bucket, "b.bin", target, etag=etag, size=len(data))
-        assert open(target, "rb").read() == data
-        dl = Download(str(tmp_path / "s"), len(data))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(store.download, bucket, "b.bin", dl, etag=etag,
-                                                 size=len(data)))
-            await dl.wait_for(PART + 1)  # the first parts arrive first
-            assert os.pread(dl.fd, PART + 1, 0) == data[:PART + 1]
-        assert dl.done == len(data) and os.pread(dl.fd, len(data), 0) == data
-        os.close(dl.fd)
-        # a changed object: 412 -> Changed (the cache forgets that version, readers get EIO)
+        if client == "lean":
+            store = _store()
+        else:
+            store = S3Store(s3mod.make_client(S3Settings.from_env()), part_size=PART)
+        got = bytearray(len(data))
+
+        def write(offset, chunk):
+            got[offset:offset + len(chunk)] = chunk
+
+        await store.get_range(bucket, "b.bin", PART - 3, 4 * PART + 5, etag=etag, write=write)
+        assert got[PART - 3:4 * PART + 5] == data[PART - 3:4 * PART + 5]
+        assert not any(got[:PART - 3]) and not any(got[4 * PART + 5:])
+        # a changed object: 412 -> Changed (its readers get EIO, never another version's bytes)
         with pytest.raises(Changed):
-            await store.download(bucket, "b.bin", target, etag="0" * 32, size=len(data))
+            await store.get_range(bucket, "b.bin", 0, 10, etag="0" * 32, write=write)
         with pytest.raises(StoreError) as exc:
-            await store.download(bucket, "nope.bin", target, etag=etag, size=len(data))
+            await store.get_range(bucket, "nope.bin", 0, 10, etag=etag, write=write)
         assert exc.value.errno == errno.ENOENT
+
+        def stop(offset, chunk):
+            raise StopGet()
+
+        with pytest.raises(StopGet):  # nobody wants the bytes: ended, not an S3 error
+            await store.get_range(bucket, "b.bin", 0, len(data), etag=etag, write=stop)
+
+        def disk_full(offset, chunk):
+            raise OSError(errno.ENOSPC, "full")
+
+        with pytest.raises(StoreError) as exc:
+            await store.get_range(bucket, "b.bin", 0, len(data), etag=etag, write=disk_full)
+        assert exc.value.errno == errno.ENOSPC
         store.close()
 
     trio.run(main)

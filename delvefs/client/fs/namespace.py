@@ -75,6 +75,8 @@ class Namespace:
             entry = self.cache.get(bucket, key)
             local_only = entry is not None and entry.dirty and not entry.meta.get("existing") \
                 and not node.etag
+            if entry is not None and entry.dirty and entry.opens:  # still read through a handle
+                await self._keep_source(entry, "removing (fetching what it lacks)")
             if not local_only:
                 if self.eager:  # sent in a DeleteObjects batch (run_deletes)
                     self._queue_delete(bucket, key)
@@ -261,6 +263,7 @@ class Namespace:
         if entry is not None and entry.dirty:
             async with self._entry_lock(entry):
                 if entry.dirty and (entry.bucket, entry.key) == (sb, sk):
+                    await self._keep_source(entry, "renaming (fetching what it lacks)")
                     if entry.meta.get("existing") or node.etag:
                         try:
                             await self.store.delete(sb, sk)
@@ -282,6 +285,9 @@ class Namespace:
         if not self.can_match(dst_vs, dk, node.size, tags):
             raise FsError(errno.EXDEV, f"{dk} cannot be in view {dst_vs.name} (mv copies, then "
                           "removes: the copy is a scratch file of this mount)")
+        replaced = self.cache.get(db, dk)
+        if replaced is not None and replaced.dirty and replaced.opens:  # read through a handle
+            await self._keep_source(replaced, "replacing (fetching what it lacks)")
         try:
             await self._settle_delete(db, dk)  # eager: a queued DELETE of dk must go first
             info = await self.store.copy(db, dk, sb, sk)
@@ -293,7 +299,7 @@ class Namespace:
             raise store_failure(exc, "deleting (rename; the copy exists)", sb, sk) from exc
         self._discard_dirty(db, dk, None, dst_vs)  # replaced: a local copy of the target is void
         ce = self.cache.get(sb, sk)
-        if ce is not None and not ce.dirty and ce.etag == info["etag"] and ce.download is None:
+        if ce is not None and not ce.dirty and ce.etag == info["etag"]:
             self.dirty.rekey(ce, db, dk)  # the very version copied: still valid
         else:
             self.cache.forget(sb, sk)

@@ -1,11 +1,20 @@
 """Open files and reads: handles over the data cache's entries.
 
-A read-only handle fetches its object on the first read (``_ready``: from the cache, or a
-download; a large object streams, and a read waits only for the bytes it needs). Local
-file I/O on cache files (``os.pread``, ``os.pwrite``) happens on the loop: it is
-page-cache fast and keeps reads and writes cheap. A handle keeps its own descriptor, so
-it reads the version it opened however the cache changes meanwhile. The kernel may keep
-the pages it cached for an inode when the ETag it was served is still the node's.
+A read-only handle opens its object's cache entry on its first read (``_ready``:
+``DataCache.fetch`` with the bytes of that read, the whole object when it is small).
+Every read makes sure of the blocks it needs (``DataCache.ensure``: a cached block costs
+no request, missing ones are ranged GETs of the handle's version) and then preads them
+without awaiting in between, so an eviction can never take them away first. Local file
+I/O on cache files (``os.pread``, ``os.pwrite``) happens on the loop: it is page-cache
+fast and keeps reads and writes cheap. A handle keeps its own descriptor and entry, so it
+reads the version it opened however the cache changes meanwhile; a byte of it that is no
+longer in the cache and no longer in S3 is EIO, never a byte of another version.
+
+Read-ahead: a handle whose reads follow one another starts fetching the bytes after them
+(``_read_ahead``), a window that doubles with every sequential read up to
+``DataCache.window_max``; a read elsewhere resets it. What the window fetched and nobody
+read yet is cancelled when the handle closes. The kernel may keep the pages it cached for
+an inode when the ETag it was served is still the node's.
 """
 from __future__ import annotations
 
@@ -14,22 +23,25 @@ import os
 
 import trio
 
-from ..datacache import CacheEntry
-from ..errors import (FsError, StoreError, cache_failure, download_failed, read_only,
-                      store_failure)
+from ..datacache import CacheEntry, Fetch
+from ..errors import FsError, StoreError, cache_failure, read_failed, read_only, store_failure
 from .inodes import File
 
 
 class FileHandle:
-    __slots__ = ("node", "entry", "fd", "lock", "download", "writer")
+    __slots__ = ("node", "entry", "fd", "lock", "writer", "next_off", "window", "ahead",
+                 "fetches")
 
     def __init__(self, node: File, writer: bool = False):
         self.node = node
         self.entry: CacheEntry | None = None
         self.fd: int | None = None
         self.lock = trio.Lock()
-        self.download = None  # the streaming download this handle reads from, while it runs
         self.writer = writer  # opened for writing: ``entry`` is the dirty local copy
+        self.next_off = 0     # where a sequential read would continue
+        self.window = 0       # read-ahead window (0: none yet)
+        self.ahead = 0        # bytes before it are fetched or being fetched
+        self.fetches: list[Fetch] = []  # the read-ahead's fetches (cancelled at close)
 
 
 class Reads:
@@ -49,7 +61,7 @@ class Reads:
         self.files[fh] = FileHandle(node)
         return fh, self._served.get(ino) == node.etag
 
-    async def _ready(self, h: FileHandle) -> int:
+    async def _ready(self, h: FileHandle, off: int, size: int) -> int:
         async with h.lock:
             if h.fd is not None:
                 return h.fd
@@ -57,7 +69,8 @@ class Reads:
             vs = node.parent.view
             try:
                 entry, info = await self.cache.fetch(self.store, vs.bucket, node.key, etag=node.etag,
-                                                     size=node.size, ttl=vs.ttl)
+                                                     size=node.size, ttl=vs.ttl,
+                                                     want=(off, off + size))
             except StoreError as exc:
                 raise store_failure(exc, "reading", vs.bucket, node.key) from exc
             try:
@@ -66,14 +79,11 @@ class Reads:
                 self.cache.release(entry)
                 raise cache_failure(exc, "opening", entry) from exc
             h.entry = entry
-            h.download = entry.download
             if info is not None and (info["etag"] != node.etag or info["size"] != node.size):
                 # S3 is ahead of the listing: show what was read
-                node.etag, node.size = info["etag"], info["size"]
-                self._served.pop(node.ino, None)
-                node.mtime_ns = int(info.get("mtime", 0) * 1e9) or node.mtime_ns
-                if node.nlookup:
-                    self.notifier.inode(node.ino)
+                node = self._object_changed(node, info["size"],
+                                            int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
+                                            info["etag"])
             if entry.etag == node.etag and not entry.dirty:
                 self._served[node.ino] = entry.etag
             return h.fd
@@ -82,17 +92,50 @@ class Reads:
         h = self.files.get(fh)
         if h is None:
             raise FsError(errno.EBADF)
-        fd = h.fd if h.fd is not None else await self._ready(h)
-        dl = h.download
-        if dl is not None:
-            if dl.done < min(off + size, dl.size):
+        fd = h.fd if h.fd is not None else await self._ready(h, off, size)
+        entry = h.entry
+        end = min(off + size, entry.size)
+        present = entry.present
+        if present is not None and off < end:
+            if not present.covers(off, min(end, entry.source_len)):
                 try:
-                    await dl.wait_for(off + size)
+                    await self.cache.ensure(self.store, entry, off, end)
                 except StoreError as exc:
-                    raise download_failed(str(exc)) from exc
-            elif dl.finished and dl.error is None:
-                h.download = None
+                    node = h.node
+                    if not entry.dirty and self._served.get(node.ino) == entry.etag:
+                        # S3 no longer has this version: the pages the kernel keeps of it
+                        # must not be served to the next open
+                        del self._served[node.ino]
+                        if node.nlookup:
+                            self.notifier.inode(node.ino)
+                    raise read_failed(exc, entry) from exc
+            # nothing awaited since ``ensure`` made sure of the bytes: none was evicted
+            self.cache.touch(entry, off, end)
+            if not entry.dirty:
+                self._read_ahead(h, entry, off, end)
         return os.pread(fd, size, off)
+
+    def _read_ahead(self, h: FileHandle, entry: CacheEntry, off: int, end: int) -> None:
+        """Sequential reads fetch ahead: a window that doubles with each (up to the
+        cache's ``window_max``, at most a quarter of its size limit); a jump resets it."""
+        cache = self.cache
+        if h.next_off - 2 * cache.block_size <= off < h.next_off:
+            return  # bytes just read again (or reads overtaking each other): no news
+        if not h.next_off <= off <= h.ahead:
+            h.window = 0  # a jump: random access until reads follow one another again
+            h.ahead = end
+        elif h.window == 0:
+            h.window = cache.window_start
+        else:
+            top = cache.window_max if cache.limit is None else max(cache.block_size, min(
+                cache.window_max, cache.limit // 4))
+            h.window = min(2 * h.window, top)
+        h.next_off = end
+        if h.window and h.ahead - end < h.window // 2 and h.ahead < entry.size:
+            start = max(h.ahead, end)
+            h.ahead = min(end + h.window, entry.size)
+            h.fetches = [f for f in h.fetches if not f.finished]
+            h.fetches += cache.prefetch(self.store, entry, start, h.ahead)
 
     async def release(self, fh: int) -> None:
         h = self.files.pop(fh, None)
@@ -101,6 +144,8 @@ class Reads:
         if h.fd is not None:
             os.close(h.fd)
             h.fd = None
+        self.cache.cancel(h.fetches)
+        h.fetches = []
         entry = h.entry
         if entry is not None:
             h.entry = None

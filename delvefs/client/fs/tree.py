@@ -23,6 +23,7 @@ needs: ``_implied_tags`` (tags of a file created in a directory), ``_mkdir_prope
 from __future__ import annotations
 
 import errno
+import math
 import time
 
 import trio
@@ -38,18 +39,39 @@ class Pending:
     """One local change of a view not yet confirmed by the handler (the overlay).
     ``local``: a dirty file (its local content wins until uploaded); ``put``: uploaded
     with ``etag`` (retired when a change with that ETag arrives); ``delete``: gone
-    (retired when the handler reports the key gone)."""
+    (retired when the handler reports the key gone). ``earlier``: the ETags of this
+    mount's earlier uploads of the key whose changes have not arrived yet, oldest first —
+    the change of an earlier upload of the same content must not retire a later one."""
 
-    __slots__ = ("kind", "etag", "deadline")
+    __slots__ = ("kind", "etag", "deadline", "earlier")
 
-    def __init__(self, kind: str, etag: str | None, deadline: float):
+    def __init__(self, kind: str, etag: str | None, deadline: float, earlier: tuple = ()):
         self.kind = kind
         self.etag = etag
         self.deadline = deadline
+        self.earlier = earlier[-EARLIER_KEPT:]
+
+    def unconfirmed(self) -> tuple:
+        """The ETags of this mount's uploads still to be confirmed, oldest first."""
+        if self.kind == "put":
+            return (*self.earlier, self.etag)
+        return self.earlier if self.kind == "local" else ()
+
+
+EARLIER_KEPT = 32  # an older upload forgotten: its change is ignored until the bound anyway
+
+
+def local_pending(previous: Pending | None) -> Pending:
+    """The overlay entry of a file being written (dirty) that was ``previous``."""
+    return Pending("local", None, math.inf, previous.unconfirmed() if previous else ())
 
 
 class Tree:
     """The tree edits of :class:`delvefs.client.fs.core.FileSystem` (never await)."""
+
+    # the kernel's writeback cache is on (set by the FUSE adapter: eager mode); see
+    # ``_object_changed``
+    writeback_cache = False
 
     def _known(self, d: Dir) -> bool:
         return d.nlookup > 0 or d.ino == ROOT_INODE
@@ -84,7 +106,13 @@ class Tree:
             del vs.overlay[key]
             return False
         if p.kind == "put":
-            if obj is not None and str(obj.get("etag", "")) == p.etag:
+            if obj is None:
+                return True
+            etag = str(obj.get("etag", ""))
+            if etag in p.earlier:  # an earlier upload's (the ones before it are not coming)
+                p.earlier = p.earlier[p.earlier.index(etag) + 1:]
+                return True
+            if etag == p.etag:
                 del vs.overlay[key]
                 return False
             return True
@@ -157,11 +185,34 @@ class Tree:
                 sh.size, sh.mtime_ns, sh.etag = size, mtime_ns, etag
             return None
         elif existing.etag != etag or existing.size != size or existing.mtime_ns != mtime_ns:
+            if not written:
+                return self._object_changed(existing, size, mtime_ns, etag)
             existing.size, existing.mtime_ns, existing.etag = size, mtime_ns, etag
             self._served.pop(existing.ino, None)  # the next open drops the kernel's pages
-            if existing.nlookup and not written:
-                self.notifier.inode(existing.ino)
         return existing
+
+    def _object_changed(self, node: File, size: int, mtime_ns: int, etag: str) -> File:
+        """``node``'s object is another version now (not one the kernel wrote through it):
+        the kernel must drop what it cached. With the writeback cache the kernel keeps the
+        size and mtime of an inode it holds whatever the mount answers, so a held file of
+        another size gets a new inode in its place (as if replaced by a rename: open
+        descriptors keep the old one; the kernel's name for it is dropped, asynchronously)
+        — unless a handle writes to it (its writes must land in its file). The same size
+        (a copy, a rewrite): the same inode, its pages dropped; only its mtime stays the
+        kernel's. Returns the file now in the tree."""
+        if self.writeback_cache and size != node.size and node.nlookup and not node.gone \
+                and not any(h.writer and h.node is node for h in self.files.values()):
+            parent, name = node.parent, node.name
+            self.table.detach(node)  # stays in the table until the kernel forgets it
+            self._served.pop(node.ino, None)
+            f = self.table.new_file(parent, name, size, mtime_ns, etag)
+            self.notifier.entry(parent.ino, name)
+            return f
+        node.size, node.mtime_ns, node.etag = size, mtime_ns, etag
+        self._served.pop(node.ino, None)  # the next open drops the kernel's pages
+        if node.nlookup:
+            self.notifier.inode(node.ino)
+        return node
 
     # ------------------------------------------------------- layout by properties
 
@@ -383,15 +434,21 @@ class Tree:
                    keep_local: bool = False, quiet: ViewState | None = None) -> None:
         """Show an object this mount just wrote/copied/retagged in every view of ``bucket``
         it matches (and remove it from those it no longer matches), at once."""
-        deadline = trio.current_time() + self.overlay_bound
+        now = trio.current_time()
+        deadline = now + self.overlay_bound
         for vs in self.views:
             if vs.bucket != bucket:
                 continue
             p = vs.overlay.get(key)
             if keep_local and p is not None and p.kind == "local":
+                if p.earlier[-1:] != (obj["etag"],):
+                    p.earlier = (*p.earlier, obj["etag"])[-EARLIER_KEPT:]
                 continue
             if self.can_match(vs, key, obj["size"], tags):
-                vs.overlay[key] = Pending("put", obj["etag"], deadline)
+                earlier = p.unconfirmed() if p is not None and p.deadline > now else ()
+                if earlier[-1:] == (obj["etag"],):  # the same version again (a retag): one change
+                    earlier = earlier[:-1]
+                vs.overlay[key] = Pending("put", obj["etag"], deadline, earlier)
                 if vs.by is not None:  # placed by the tags it has now (metadata: as listed)
                     obj = {**obj, "properties": {**(obj.get("metadata") or {}), **tags}}
                 # ``quiet``: the view written through; the kernel knows that file already

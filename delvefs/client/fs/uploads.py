@@ -35,6 +35,7 @@ import trio
 
 from ..datacache import CacheEntry
 from ..errors import Changed, FsError, StoreError, store_failure
+from . import rebuild
 from .inodes import relative_path
 from .tree import Pending
 from .views import ViewState
@@ -153,8 +154,7 @@ class Uploads:
             if not still_dirty:
                 self.dirty.uploaded(entry, info["etag"])
             else:
-                if entry.meta is not None:
-                    self.dirty.update_record(entry, base=info["etag"])
+                self.dirty.rebased(entry, info["etag"], size)
                 self._schedule(entry)
             self._props.clear()
             self._local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs)
@@ -162,8 +162,37 @@ class Uploads:
 
     async def _send(self, entry: CacheEntry, size: int, tags: dict, ctype: str,
                     base: str | None) -> dict:
-        """The upload itself: completing the parts sent while the file was written when
-        they fit (same key, tags, type), else the whole file."""
+        """The upload itself: a file based on a source version and at least a part big is
+        rebuilt with its unchanged ranges copied server-side (``rebuild``); else the parts
+        sent while the file was written are completed when they fit (same key, tags,
+        type); else the whole file goes, its missing bytes fetched first."""
+        source, part = entry.source, self.store.part_size
+        if source is not None and size >= part:
+            parts = rebuild.plan(size, entry.source_len, self.dirty.changed(entry),
+                                 upload_part=part)
+            if any(p.copy for p in parts):
+                name, gen = os.path.basename(entry.path), entry.gen
+                prior = self.dirty.unanswered.pop(name, None)
+                if prior is not None and prior[0] == gen:
+                    # the last try's completion went unanswered: S3 may have the object
+                    # already, and then its source (the base) is gone
+                    try:
+                        info = await self.store.head(entry.bucket, entry.key)
+                    except StoreError:
+                        info = None
+                    if info is not None and (info["etag"], info["size"]) == (prior[1], size):
+                        log.info("uploaded %s/%s: the last try had completed it", entry.bucket,
+                                 entry.key)
+                        return {"etag": prior[1], "size": size, "mtime": None}
+
+                def unanswered(etag: str) -> None:
+                    self.dirty.unanswered[name] = (gen, etag)
+                etag = await rebuild.rebuild(self.store, self.cache, entry, parts, source,
+                                             tags=tags, content_type=ctype, base=base,
+                                             unanswered=unanswered)
+                return {"etag": etag, "size": size, "mtime": None}
+        if self.dirty.sparse(entry):
+            await self.cache.ensure(self.store, entry, 0, size)
         st = self._streams.pop(os.path.basename(entry.path), None)
         if st is not None:
             try:
@@ -188,6 +217,20 @@ class Uploads:
         ``KEY.conflict-<UTC time>`` of this mount (shown beside it, never uploaded), and the
         key shows what S3 has."""
         bucket, key = entry.bucket, entry.key
+        if entry.source is not None:
+            # a sparse file: what it lacks comes from a version that is likely gone now
+            if self.dirty.sparse(entry):
+                try:
+                    await self.cache.ensure(self.store, entry, 0, entry.size)
+                except StoreError as exc:
+                    log.info("conflict copy of %s/%s: fetching what it lacks: %s", bucket, key, exc)
+            lost = entry.present.missing(0, min(entry.size, entry.source_len)) \
+                if entry.present is not None else []
+            if lost:
+                reason += (f"; {sum(e - s for s, e in lost)} bytes in {len(lost)} ranges it did "
+                           "not change could not be fetched from the version it was based on "
+                           f"(first: {lost[0][0]}-{lost[0][1] - 1}): they read as zeros in the copy")
+            self.dirty.unsource(entry)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         new_key, n = f"{key}.conflict-{stamp}", 1
         while self.cache.get(bucket, new_key) is not None:
@@ -236,6 +279,19 @@ class Uploads:
         self._local_put(bucket, key, {"key": key, "size": info["size"], "mtime": info["mtime"],
                                       "etag": info["etag"]}, tags)
 
+    async def _keep_source(self, entry: CacheEntry, what: str) -> None:
+        """The object a sparse dirty entry takes its missing bytes from is about to be
+        deleted or replaced (a rename, an unlink while open, an overwrite): fetch them
+        first; the entry is an ordinary local file afterwards. Raises FsError."""
+        if entry.source is None:
+            return
+        if self.dirty.sparse(entry):
+            try:
+                await self.cache.ensure(self.store, entry, 0, entry.size)
+            except StoreError as exc:
+                raise store_failure(exc, what, entry.source[0], entry.source[1]) from exc
+        self.dirty.unsource(entry)
+
     async def run_uploads(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background: upload dirty files nobody writes to any more (eager closes, a flush
         that failed, journal recovery), ``upload_concurrency`` at a time (fewer while the
@@ -243,7 +299,7 @@ class Uploads:
         DELETE batcher (``run_deletes``) beside it."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.run_deletes)
-            await nursery.start(self.cache.run_removals)
+            await nursery.start(self.cache.journal.run_removals)
             self._bg = nursery
             task_status.started()
             started: set[str] = set()
@@ -465,7 +521,7 @@ class Uploads:
             state, reason = self.upload_state(entry)
             if state == "conflict":
                 failures.append(f"{self._entry_path(entry)}: conflict copy (not uploaded): {reason}")
-        await trio.to_thread.run_sync(self.cache.remove_doomed)  # the journal settled too
+        await trio.to_thread.run_sync(self.cache.journal.remove_doomed)  # the journal settled too
         return failures
 
     # ------------------------------------------------------- mount and unmount
@@ -514,7 +570,7 @@ class Uploads:
                 d["at"] = 0.0
             for (bucket, key), reason in (await self._send_deletes()).items():
                 failed.append(f"{bucket}/{key}: DELETE failed: {reason}")
-        await trio.to_thread.run_sync(self.cache.remove_doomed)
+        await trio.to_thread.run_sync(self.cache.journal.remove_doomed)
         return failed, sorted(scratch)
 
     def conflict_copies(self) -> list[str]:

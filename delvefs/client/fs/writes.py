@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import math
 import mimetypes
 import os
 import time
@@ -24,12 +23,11 @@ import time
 import trio
 
 from ..datacache import CacheEntry
-from ..errors import (FsError, StoreError, cache_failure, download_failed, read_only,
-                      store_failure)
+from ..errors import FsError, StoreError, cache_failure, read_only, store_failure
 from .inodes import File, Node
 from .parts import PartStream
 from .reads import FileHandle
-from .tree import Pending
+from .tree import local_pending
 from .views import ViewState
 
 log = logging.getLogger(__name__)
@@ -42,7 +40,7 @@ class Writes:
         return self._locks.setdefault(os.path.basename(entry.path), trio.Lock())
 
     def _dirtied(self, vs: ViewState, node: File, entry: CacheEntry) -> None:
-        vs.overlay[entry.key] = Pending("local", None, math.inf)
+        vs.overlay[entry.key] = local_pending(vs.overlay.get(entry.key))
         self._served.pop(node.ino, None)
         node.size = entry.size
         node.mtime_ns = time.time_ns()
@@ -60,41 +58,26 @@ class Writes:
                     node.size, node.mtime_ns = entry.size, now
 
     async def _make_writable(self, node: File, *, truncate: bool) -> CacheEntry:
-        """The dirty local copy of ``node`` (downloaded first unless truncating)."""
+        """The dirty local copy of ``node``: nothing is downloaded — an existing object
+        opened without truncating is a sparse file based on the listed version, whose
+        missing bytes are fetched when read or uploaded (``delvefs.client.fs.dirty``)."""
         vs = node.parent.view
-        entry = self.cache.get(vs.bucket, node.key)
-        held = None  # the downloaded entry, kept open (never evicted) until it is taken over
-        base = node.etag
-        if not (entry is not None and entry.dirty) and not truncate and node.size > 0:
-            bucket, key = vs.bucket, node.key
-            try:
-                held, _ = await self.cache.fetch(self.store, bucket, key, etag=node.etag,
-                                                 size=node.size, ttl=vs.ttl)
-            except StoreError as exc:
-                raise store_failure(exc, "downloading for writing", bucket, key) from exc
-            try:
-                dl = held.download
-                if dl is not None:
-                    await dl.wait_finished()
-                    if dl.error is not None:
-                        raise download_failed(f"downloading {bucket}/{key} failed")
-                if node.gone:
-                    raise FsError(errno.ENOENT, f"{key}: removed meanwhile")
-            except BaseException:
-                self.cache.release(held)
-                raise
-            base = held.etag or base  # the version whose bytes it starts from
-            vs = node.parent.view
         bucket, key = vs.bucket, node.key
+        base, size = node.etag, node.size
+        entry = self.cache.get(bucket, key)
+        if not base and size > 0 and not truncate and not (entry is not None and entry.dirty):
+            try:  # a size without a version: ask S3 which version it is
+                info = await self.store.head(bucket, key)
+            except StoreError as exc:
+                raise store_failure(exc, "opening for writing", bucket, key) from exc
+            base, size = info["etag"], info["size"]
+            if node.gone:
+                raise FsError(errno.ENOENT, f"{key}: removed meanwhile")
         try:
-            entry = self.dirty.take(
-                bucket, key, view=vs.name, base=base or "", truncate=truncate,
-                held=int(held is not None and self.cache.get(bucket, key) is held))
+            entry = self.dirty.take(bucket, key, view=vs.name, base=base or "",
+                                    truncate=truncate, size=size)
         except StoreError as exc:
             raise store_failure(exc, "writing", bucket, key) from exc
-        finally:
-            if held is not None:
-                self.cache.release(held)
         self._dirtied(vs, node, entry)
         return entry
 
@@ -172,7 +155,10 @@ class Writes:
         except OSError as exc:
             raise cache_failure(exc, "writing", entry) from exc
         grew = off + n > entry.size
-        self.dirty.written(entry, off + n)
+        try:
+            self.dirty.written(entry, off, off + n)
+        except StoreError as exc:
+            raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
         node.size = entry.size
         node.mtime_ns = time.time_ns()
         if grew:
@@ -189,7 +175,8 @@ class Writes:
         if st is None:
             part = getattr(self.store, "part_size", None)
             meta = entry.meta
-            if part is None or entry.size < part or meta is None or meta.get("conflict"):
+            if part is None or entry.size < part or meta is None or meta.get("conflict") \
+                    or entry.source is not None:  # a sparse file: rebuilt at close instead
                 return
             # an overwritten object keeps its tags: known without a request only when this
             # mount uploaded that version (dd closes its file once empty, then writes it)

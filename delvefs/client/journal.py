@@ -1,0 +1,214 @@
+"""The journal of a mount's cache directory: one record per dirty file, and the ownership of
+cache directories.
+
+A dirty file's record (``<cache-dir>/journal/<file>.json``, written by
+``delvefs.client.fs.dirty``) names its data file under ``<cache-dir>/data``, its bucket,
+key and the version it is based on. Records are written with tmp + rename (never half a
+record) and not fsync'd: they outlive the process, not a kernel crash. A record whose data
+file is missing, or that cannot be parsed, is dropped with a warning when the journal is
+read; a ``.tmp`` left by a mount that died while writing one is removed.
+
+Records of uploaded files are removed by a worker thread in batches (``run_removals``):
+the upload path need not wait for an unlink. A record written again before its removal
+ran is spared.
+
+``claim`` and ``adopt_orphans``: a mount holds its cache directory with an exclusive
+``flock`` for its life; a later mount of the same views file by the same user takes over
+the journal of a directory no live mount holds, so dirty files survive a remount at
+another mount point.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import trio
+
+from .errors import cache_file_error
+
+log = logging.getLogger(__name__)
+
+
+class Journal:
+    """The records of ``directory`` (their data files are in ``data_dir``). ``os.fspath``
+    of a journal is its directory."""
+
+    def __init__(self, directory: str | os.PathLike, data_dir: str | os.PathLike):
+        self.dir = Path(directory)
+        self.data_dir = Path(data_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._seq = itertools.count()
+        self._doomed: set[str] = set()
+        self._doomed_lock = threading.Lock()
+        self._doomed_kick: trio.Event | None = None  # set while ``run_removals`` runs
+        self._removing = False
+
+    def __fspath__(self) -> str:
+        return str(self.dir)
+
+    def read(self) -> list[dict]:
+        """The usable records, oldest first (unusable ones are dropped)."""
+        records = []
+        for p in sorted(self.dir.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+            if not p.name.endswith(".json"):
+                p.unlink()  # a record being written when the mount died
+                continue
+            try:
+                r = json.loads(p.read_text())
+                if not (self.data_dir / r["file"]).is_file():
+                    raise ValueError("data file missing")
+                records.append(r)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("journal record %s unusable (%s): dropped", p.name, exc)
+                p.unlink()
+        return records
+
+    def write(self, record: dict) -> None:
+        """Put a dirty file's record on disk. Raises StoreError (the cache disk refused)."""
+        final = self.dir / (record["file"] + ".json")
+        if self._doomed:  # (only the loop adds to it) written again before its removal
+            with self._doomed_lock:
+                self._doomed.discard(final.name)
+        tmp = self.dir / f"{record['file']}.json.{next(self._seq)}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(record, f)
+            os.replace(tmp, final)
+        except OSError as exc:
+            _unlink(tmp)
+            raise cache_file_error(exc, f"journal of {record['bucket']}/{record['key']}") from exc
+
+    def remove(self, record: dict) -> None:
+        """Drop a record: at once, or (``run_removals`` running) soon, by a worker thread."""
+        name = record["file"] + ".json"
+        if self._doomed_kick is None:
+            _unlink(self.dir / name)
+            return
+        with self._doomed_lock:
+            self._doomed.add(name)
+        self._doomed_kick.set()
+
+    def remove_doomed(self) -> None:
+        """Blocking: unlink the records ``remove`` left to the background. One at a time
+        under the lock: a record written again meanwhile (``write``) is spared."""
+        while True:
+            with self._doomed_lock:
+                if not self._doomed:
+                    return
+                _unlink(self.dir / self._doomed.pop())
+
+    def removals_pending(self) -> bool:
+        return bool(self._doomed) or self._removing
+
+    async def run_removals(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background: remove the records of uploaded files in a worker thread, in batches
+        (whatever gathered while the last batch ran); the rest inline when it ends."""
+        self._doomed_kick = trio.Event()
+        task_status.started()
+        try:
+            while True:
+                await self._doomed_kick.wait()
+                self._doomed_kick = trio.Event()
+                self._removing = True
+                try:
+                    await trio.to_thread.run_sync(self.remove_doomed)
+                finally:
+                    self._removing = False
+        finally:
+            self._doomed_kick = None
+            self.remove_doomed()
+
+
+def _unlink(path: str | os.PathLike) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+
+# ------------------------------------------------------------ cache directories of mounts
+
+LOCK = "lock"
+OWNER = "owner.json"
+
+
+def claim(directory: str | os.PathLike, views_file: str | None) -> int:
+    """Take the cache directory for this mount: an exclusive ``flock`` on ``<dir>/lock``,
+    held (by the returned descriptor) for the mount's life and dropped by the kernel however
+    the process ends; and ``owner.json`` naming the views file and user, by which a later
+    mount finds the directory's journal if it was left behind (``adopt_orphans``). Raises
+    BlockingIOError when a live mount holds it."""
+    import fcntl
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    if views_file is not None:
+        tmp = d / (OWNER + ".tmp")
+        tmp.write_text(json.dumps({"views": os.path.realpath(views_file), "uid": os.getuid()}))
+        os.replace(tmp, d / OWNER)
+    return fd
+
+
+def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
+                  views_file: str | None) -> list[str]:
+    """Move the journal (records and their data files) of every cache directory under
+    ``others`` that an earlier mount of the same views file by the same user left behind
+    and no live mount holds (its lock is free) into ``directory``, before its DataCache
+    starts: dirty files survive a remount at another mount point. Returns the directories
+    adopted from."""
+    import fcntl
+    here = Path(directory).resolve()
+    if views_file is None or not Path(others).is_dir():
+        return []
+    want = {"views": os.path.realpath(views_file), "uid": os.getuid()}
+    adopted = []
+    for d in sorted(Path(others).iterdir()):
+        journal = d / "journal"
+        try:
+            if d.resolve() == here or not journal.is_dir() or not any(journal.iterdir()):
+                continue
+            if json.loads((d / OWNER).read_text()) != want:
+                continue
+            fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except (OSError, ValueError):
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live mount: its journal is its own
+            (here / "journal").mkdir(parents=True, exist_ok=True)
+            (here / "data").mkdir(parents=True, exist_ok=True)
+            moved = 0
+            for p in sorted(journal.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+                if not p.name.endswith(".json"):
+                    continue
+                try:
+                    r = json.loads(p.read_text())
+                    data = d / "data" / r["file"]
+                    if data.is_file():  # data first: a record is never without its file
+                        os.rename(data, here / "data" / r["file"])
+                    ranges = d / "data" / (r["file"] + ".ranges")
+                    if ranges.is_file():  # a sparse dirty file's ranges log, also before it
+                        os.rename(ranges, here / "data" / ranges.name)
+                    os.rename(p, here / "journal" / p.name)
+                    moved += 1
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("journal record %s of %s not taken over: %s", p.name, d, exc)
+            if moved:
+                log.info("took over %d dirty files from the journal of %s (an earlier mount of "
+                         "%s)", moved, d, want["views"])
+                adopted.append(str(d))
+        finally:
+            os.close(fd)
+    return adopted

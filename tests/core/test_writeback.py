@@ -1,0 +1,115 @@
+"""The kernel's writeback cache (eager mounts): the kernel keeps the size and mtime of an
+inode it holds, so a file whose object another writer changed gets a new inode."""
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from delvefs.client.errors import FsError
+
+from .conftest import view
+
+pytestmark = pytest.mark.trio
+
+
+async def test_a_file_changed_by_others_gets_a_new_inode_under_the_writeback_cache(
+        make_world, mock_clock):
+    w = make_world(view("v", writable=True))
+    w.fs.writeback_cache = True
+    w.add("v", "data/a", b"old")
+    await w.start()
+    a = await w.path("v/a")                       # the kernel holds it
+    fh, _ = await w.fs.open(a.ino, 0)
+    assert await w.fs.read(fh, 0, 100) == b"old"
+    top = await w.path("v")
+    w.add("v", "data/a", b"new content")          # another writer; the handler reports it
+    mock_clock.jump(3)
+    b = await w.path("v/a")
+    assert b.ino != a.ino and b.size == len(b"new content")
+    assert a.gone and w.fs.table.get(a.ino) is a  # the kernel may still ask about it
+    assert (top.ino, "a") in w.notifier.entries   # its dentry goes: the next lookup is b
+    assert await w.fs.read(fh, 0, 100) == b"old"  # an open descriptor keeps its version
+    await w.fs.release(fh)
+    assert await w.read("v/a") == b"new content"
+    w.add("v", "data/never-looked-up", b"1")
+    mock_clock.jump(3)
+    n = await w.path("v/never-looked-up")
+    w.fs.forget([(n.ino, n.nlookup)])             # the kernel does not hold it: kept as is
+    w.add("v", "data/never-looked-up", b"22")
+    mock_clock.jump(3)
+    assert (await w.path("v/never-looked-up")).ino == n.ino and n.size == 2
+
+
+async def test_a_file_written_through_a_handle_keeps_its_inode(make_world, mock_clock):
+    w = make_world(view("v", writable=True))
+    w.fs.writeback_cache = True
+    w.add("v", "data/a", b"base")
+    await w.start()
+    fh, a = await w.open_write("v/a", 2)           # O_RDWR: its writes must land in its file
+    await w.fs.write(fh, 0, b"mine")
+    await w.fs.fsync(fh)                           # uploaded; the handle stays open
+    w.add("v", "data/a", b"someone else's")        # past the overlay's bound
+    mock_clock.jump(w.fs.overlay_bound + 3)
+    assert (await w.path("v/a")) is a and not a.gone
+    await w.fs.write(fh, 4, b"!")
+    with pytest.raises(FsError) as e:
+        await w.close(fh)                          # based on its own upload: a conflict copy
+    assert e.value.errno == errno.EIO
+    assert w.obj("v", "data/a")["data"] == b"someone else's"
+
+
+async def test_the_change_of_an_earlier_upload_of_the_same_content_retires_nothing(
+        make_world, mock_clock):
+    """Uploads x, yy, x: the changes of the first two (reported one by one, or only the
+    newest of them) never show yy; the third one's retires the overlay."""
+    for reported in ([0, 1], [1]):
+        w = make_world(view("v", writable=True))
+        await w.start()
+        etags = []
+        for data in (b"x", b"yy", b"x"):
+            await w.write("v/f", data)
+            etags.append(w.obj("v", "data/f")["etag"])
+        for i in reported:
+            w.handler.put("v", "data/f", len((b"x", b"yy")[i]), etags[i])
+            mock_clock.jump(3)
+            assert (await w.path("v/f")).size == 1
+        assert "data/f" in w.fs.views[0].overlay
+        w.handler.put("v", "data/f", 1, etags[2])
+        mock_clock.jump(3)
+        assert (await w.path("v/f")).size == 1
+        assert "data/f" not in w.fs.views[0].overlay
+        w.fs.close()
+
+
+async def test_an_open_that_finds_s3_ahead_leaves_a_new_inode_for_the_next_one(
+        make_world, mock_clock):
+    w = make_world(view("v", writable=True))
+    w.fs.writeback_cache = True
+    w.add("v", "data/a", b"v1")
+    await w.start()
+    assert await w.read("v/a") == b"v1"
+    a = await w.path("v/a")
+    w.store.put("b", "data/a", b"version 2")       # the handler has not told the mount yet
+    mock_clock.jump(2.5)
+    w.fs.views[0].fresh_at = mock_clock.current_time()  # the listing "fresh" and old
+    fh, _ = await w.fs.open(a.ino, 0)
+    assert await w.fs.read(fh, 0, 100) == b"version 2"   # the HEAD after ttl noticed it
+    await w.fs.release(fh)
+    b = await w.path("v/a")
+    assert b.ino != a.ino and b.size == len(b"version 2") and a.gone
+    assert (a.parent.ino, "a") in w.notifier.entries
+
+
+async def test_a_change_of_the_same_size_keeps_the_inode_and_drops_its_pages(
+        make_world, mock_clock):
+    w = make_world(view("v", writable=True))
+    w.fs.writeback_cache = True
+    w.add("v", "data/a", b"AAAA")
+    await w.start()
+    assert await w.read("v/a") == b"AAAA"
+    a = await w.path("v/a")
+    w.add("v", "data/a", b"BBBB")                  # a copy or a rewrite: the size the kernel has
+    mock_clock.jump(3)
+    assert (await w.path("v/a")) is a and a.ino in w.notifier.inodes
+    assert await w.read("v/a") == b"BBBB"
