@@ -52,22 +52,19 @@ nothing it had accepted). Time is ``trio.current_time()`` (tests use trio's Mock
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import functools
 import hashlib
 import itertools
 import logging
-import math
 import os
 import shutil
-import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
 import trio
 
+from .cachebound import CacheBound
 from .errors import Changed, StoreError, cache_file_error
 from .journal import Journal
 from .ranges import RangeSet
@@ -144,7 +141,7 @@ class CacheEntry:
         self.serial = next(self._serials)
 
 
-class DataCache:
+class DataCache(CacheBound):
     # objects up to this size are fetched whole on their first read (one GET)
     whole_size = 2 * MiB
     # sequential read-ahead: the window starts at ``window_start``, doubles with every
@@ -620,98 +617,6 @@ class DataCache:
             entry.source = (bucket, key, entry.source[2])
         entry.bucket, entry.key = bucket, key
         self.entries[(bucket, key)] = entry
-
-    # the free-space floor: whatever ``limit`` says, clean blocks go while the cache's file
-    # system has less free than the smaller of these (``limit`` None: the only bound)
-    free_floor_bytes = 1 << 30
-    free_floor_ratio = 0.05
-
-    # statvfs at most this often (seconds), plus whenever the cache grew by a tenth of the
-    # free space seen last: many small files are cached and written one after another
-    free_check_interval = 0.5
-    _free_checked = (-math.inf, 0, 0)  # (monotonic time, bytes cached then, shortfall then)
-    _free_seen = 0
-
-    def _space_shortfall(self) -> int:
-        """Bytes missing to the free-space floor of the cache's file system (0: none)."""
-        at, cached, shortfall = self._free_checked
-        now = time.monotonic()
-        if now - at < self.free_check_interval and self.bytes - cached < self._free_seen // 10:
-            return shortfall
-        try:
-            st = os.statvfs(self.dir)
-        except OSError:
-            return 0
-        floor = min(self.free_floor_bytes, int(st.f_blocks * st.f_frsize * self.free_floor_ratio))
-        self._free_seen = st.f_bavail * st.f_frsize
-        shortfall = max(0, floor - self._free_seen)
-        self._free_checked = (now, self.bytes, shortfall)
-        return shortfall
-
-    def evict(self) -> None:
-        """Evict least-recently-used clean blocks until within ``limit`` and the free-space
-        floor: first blocks of entries nobody has open, then of open ones."""
-        limit = self.limit
-        shortfall = self._space_shortfall()
-        if shortfall:
-            limit = max(0, min(self.bytes if limit is None else limit, self.bytes - shortfall))
-        if limit is None or self.bytes <= limit:
-            return
-        bs = self.block_size
-        for open_too in (False, True):
-            for unit, entry in list(self._lru.items()):
-                if self.bytes <= limit:
-                    return
-                if unit not in self._lru:
-                    continue  # its entry was dropped meanwhile
-                if entry.dirty or entry.writers or (entry.opens and not open_too):
-                    continue
-                block = unit[1]
-                start, end = block * bs, min((block + 1) * bs, entry.size)
-                if block in entry.fetches or any(s < end and start < e for s, e in entry.pinned):
-                    continue
-                self._evict_block(entry, block, start, end)
-
-    def _evict_block(self, entry: CacheEntry, block: int, start: int, end: int) -> None:
-        del self._lru[(entry.serial, block)]
-        entry.blocks.discard(block)
-        self.evictions += 1
-        present = entry.present
-        had = present.total
-        present.remove(start, end)
-        if not present and not entry.opens and not entry.fetches \
-                and (entry.bucket, entry.key) not in self._busy:
-            self.drop(entry)  # nothing left: the file goes
-            return
-        freed = had - present.total
-        self.bytes -= freed
-        entry.counted -= freed
-        if freed and not _punch_hole(entry.path, start, end - start) and not self._punch_warned:
-            self._punch_warned = True
-            log.warning("the cache directory %s cannot punch holes into files (fallocate): "
-                        "evicted blocks of open files keep their disk space until closed",
-                        self.dir)
-
-
-_libc = None
-
-
-def _punch_hole(path: str, offset: int, length: int) -> bool:
-    """Free the disk blocks of [offset, offset + length) of a file, its size unchanged
-    (reads there see zeros). False when the file system cannot."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    try:
-        fd = os.open(path, os.O_WRONLY)
-    except OSError:
-        return False
-    try:
-        # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
-        return _libc.fallocate(fd, 0x01 | 0x02, offset, length) == 0
-    finally:
-        os.close(fd)
 
 
 def _unlink(path: str) -> None:

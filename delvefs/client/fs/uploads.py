@@ -30,6 +30,7 @@ import math
 import mimetypes
 import os
 import time
+from typing import NoReturn
 
 import trio
 
@@ -115,12 +116,8 @@ class Uploads:
                             raise Changed(f"{bucket}/{key}: the object this file was based on "
                                           "was deleted meanwhile") from None
                         raise
-            except Changed as exc:
-                await self._conflict(entry, str(exc))
-                raise FsError(errno.EIO, str(exc), logged=True) from exc
             except StoreError as exc:
-                self._upload_failed(entry, str(exc))
-                raise store_failure(exc, "uploading (tags of)", bucket, key) from exc
+                await self._upload_error(entry, exc, "uploading (tags of)", bucket, key)
             if not entry.dirty or entry.meta is None:
                 return True
             tags = self._final_tags(entry, vs, remote)
@@ -134,12 +131,8 @@ class Uploads:
             self._uploading.add(name)
             try:
                 info = await self._send(entry, size, tags, ctype, base)
-            except Changed as exc:
-                await self._conflict(entry, str(exc))
-                raise FsError(errno.EIO, str(exc), logged=True) from exc
             except StoreError as exc:
-                self._upload_failed(entry, str(exc))
-                raise store_failure(exc, "uploading", bucket, key) from exc
+                await self._upload_error(entry, exc, "uploading", bucket, key)
             finally:
                 self._uploading.discard(name)
             self.uploads += 1
@@ -159,6 +152,16 @@ class Uploads:
             self._props.clear()
             self._local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs)
             return True
+
+    async def _upload_error(self, entry: CacheEntry, exc: StoreError, what: str, bucket: str,
+                      key: str) -> NoReturn:
+        """An upload (or what it needed first) failed: S3 has another version (``Changed``):
+        the entry becomes a conflict copy, EIO; else it stays dirty, to be retried."""
+        if isinstance(exc, Changed):
+            await self._conflict(entry, str(exc))
+            raise FsError(errno.EIO, str(exc), logged=True) from exc
+        self._upload_failed(entry, str(exc))
+        raise store_failure(exc, what, bucket, key) from exc
 
     async def _send(self, entry: CacheEntry, size: int, tags: dict, ctype: str,
                     base: str | None) -> dict:
