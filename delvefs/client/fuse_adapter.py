@@ -108,9 +108,9 @@ class Adapter(pyfuse3.Operations):
         # close, fsync or the kernel's writeback: one request instead of one per write(2)).
         # The kernel then keeps the sizes and mtimes of the files it holds, so the core
         # gives a file others changed to another size a new inode
-        # (``Tree._object_changed``). Strict mode keeps every write(2) in the cache
+        # (``Tree.object_changed``). Strict mode keeps every write(2) in the cache
         # directory at once (a killed mount loses nothing written).
-        self.enable_writeback_cache = core.writeback_cache = bool(core.eager)
+        self.enable_writeback_cache = core.writeback_cache
 
     def _attrs(self, node) -> pyfuse3.EntryAttributes:
         core = self.core

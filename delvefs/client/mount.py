@@ -324,14 +324,9 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
         with contextlib.suppress(FileNotFoundError):
             (cache_dir / REPORT).unlink()
         notifier = fuse_adapter.Notifier()
-        core = FileSystem(views, handler, store, cache, notifier=notifier,
-                          uid=getattr(mount_args, "uid", None), gid=getattr(mount_args, "gid", None),
-                          eager=bool(getattr(mount_args, "eager", False)),
-                          upload_concurrency=upload_concurrency())
-        core.stream_parts = upload_while_writing()
-        core.file_mode = getattr(mount_args, "file_mode", None)
-        core.dir_mode = getattr(mount_args, "dir_mode", None)
-        core.umask = getattr(mount_args, "umask", None) or 0
+        from .fs.views_env import core_settings  # TEMPORARY (the settings module replaces it)
+        core = FileSystem(views, handler, store, cache, core_settings(mount_args),
+                          notifier=notifier, reregister=proof_keeper.reprove)
         stack.callback(core.close)
 
         errors: dict = {}
@@ -347,8 +342,6 @@ async def serve(views, mountpoint: str, cache_dir: Path, cache_size: int | None,
 
         client_name = f"{socket.gethostname()}:{os.getpid()}:{mountpoint}"
         proof_keeper.register = functools.partial(core.register, client_name)
-        # a view the handler does not know (it lost its state) is registered again, with new proofs
-        core.reregister = proof_keeper.reprove
 
         async def register():
             try:

@@ -6,6 +6,7 @@ import pytest
 
 from delvefs.client.datacache import DataCache
 from delvefs.client.fs.core import FileSystem
+from delvefs.client.settings import MountSettings
 from rulesets.model import View
 
 from .fakes import FakeHandler, FakeStore, RecordingNotifier
@@ -14,9 +15,11 @@ from .fakes import FakeHandler, FakeStore, RecordingNotifier
 class World:
     """A core wired to fakes; ``add`` puts an object into S3 and into a view's listing."""
 
-    def __init__(self, tmp_path, views, cache_limit=None, handler=None, store=None):
+    def __init__(self, tmp_path, views, cache_limit=None, handler=None, store=None, settings=None,
+                 reregister=None):
         self.tmp_path = tmp_path
         self.cache_limit = cache_limit
+        self.settings = settings or MountSettings.defaults(uid=1000, gid=1000)
         self.handler = handler or FakeHandler()
         self.store = store or FakeStore()
         self.notifier = RecordingNotifier()
@@ -24,8 +27,8 @@ class World:
         self.views = {v.name: v for v in views}
         for v in views:
             self.handler._state(v.name)
-        self.fs = FileSystem(views, self.handler, self.store, self.cache, notifier=self.notifier,
-                             uid=1000, gid=1000)
+        self.fs = FileSystem(views, self.handler, self.store, self.cache, self.settings,
+                             notifier=self.notifier, reregister=reregister)
 
     def add(self, view: str, key: str, data: bytes = b"", **kw) -> dict:
         obj = self.store.put(self.views[view].bucket, key, data, **kw)
@@ -61,7 +64,7 @@ class World:
         """A new mount of the same cache directory, store and handler (after a crash)."""
         self.fs.close()
         return World(self.tmp_path, list(self.views.values()), self.cache_limit,
-                     handler=self.handler, store=self.store)
+                     handler=self.handler, store=self.store, settings=self.settings)
 
     def obj(self, view: str, key: str) -> dict | None:
         """What the fake S3 holds, or None."""
@@ -125,6 +128,10 @@ def view(name, bucket="b", object="data/*", ttl=2.0, layout="tree", root=None, w
 
 @pytest.fixture
 def make_world(tmp_path):
-    def make(*views, cache_limit=None):
-        return World(tmp_path, list(views) or [view("v")], cache_limit)
+    def make(*views, cache_limit=None, reregister=None, **settings):
+        """A world of ``views``; ``settings``: the mount's settings that differ from the
+        defaults (``eager=True``, ``stale_after=0.5``, ...)."""
+        return World(tmp_path, list(views) or [view("v")], cache_limit,
+                     settings=MountSettings.defaults(uid=1000, gid=1000, **settings),
+                     reregister=reregister)
     return make

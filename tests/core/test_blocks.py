@@ -137,7 +137,7 @@ async def test_closing_the_handle_cancels_its_prefetch(make_world):
         await w.fs.read(fh, off, B)
     await trio.testing.wait_all_tasks_blocked()
     w.store.gate = trio.Event()          # GETs from now on wait
-    h = w.fs.files[fh]
+    h = w.fs.handles.files[fh]
     for off in range(8 * B, 64 * B, B):  # cached by the read-ahead, which starts more
         assert await w.fs.read(fh, off, B) == data[off:off + B]
         pending = [f for f in h.fetches if not f.finished]
@@ -164,7 +164,7 @@ async def test_eviction_is_by_block_least_recently_used(make_world):
     assert len(w.store.gets) == n
     assert await w.fs.read(fh, 3 * B, 10) == data[3 * B:3 * B + 10]    # evicted: fetched again
     assert w.store.gets[n:] == [("data/big", 3 * B, 4 * B)]
-    entry = w.fs.files[fh].entry
+    entry = w.fs.handles.files[fh].entry
     assert os.stat(entry.path).st_blocks * 512 <= 6 * B    # evicted blocks are holes
     await w.fs.release(fh)
 
@@ -228,7 +228,7 @@ async def test_s3_failing_mid_block_is_eio_and_a_later_read_retries(make_world):
     with pytest.raises(FsError) as e:
         await w.fs.read(fh, 12 * B, 2 * B)
     assert e.value.errno == errno.EIO
-    assert not w.fs.files[fh].entry.present.intersects(12 * B, 13 * B)   # never half a block
+    assert not w.fs.handles.files[fh].entry.present.intersects(12 * B, 13 * B)   # never half a block
     w.store.fail_at = None
     assert await w.fs.read(fh, 12 * B, 2 * B) == data[12 * B:14 * B]
     await w.fs.release(fh)

@@ -164,10 +164,9 @@ async def test_listing_trusted_for_ttl_then_refreshed_by_delta(make_world, mock_
 
 
 async def test_large_listing_is_paged(make_world):
-    w = make_world()
+    w = make_world(page_size=10)
     for i in range(25):
         w.add("v", f"data/{i:03d}", b"")
-    w.fs.page_size = 10
     await w.start()
     assert len(await w.names("v")) == 25
     assert w.handler.calls["list"] == 3

@@ -103,7 +103,7 @@ async def test_replay_after_a_crash_never_clobbers_a_newer_object(make_world):
     w2.fs.recover()
     async with trio.open_nursery() as nursery:
         await nursery.start(w2.fs.run_uploads)
-        while w2.fs._pending:
+        while w2.fs.uploads._pending:
             await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert w2.obj("v", "data/kept")["data"] == b"newer"
@@ -143,7 +143,7 @@ async def test_an_old_journal_record_without_a_base_is_replayed_after_a_head(
     w2.fs.recover()
     [entry] = w2.fs.dirty.entries()
     try:
-        await w2.fs._upload(entry)
+        await w2.fs.uploads.upload(entry)
     except FsError:
         pass
     data = (w2.obj("v", "data/f") or {}).get("data")
@@ -201,17 +201,15 @@ async def test_journals_of_earlier_mounts_elsewhere_are_taken_over_once(tmp_path
 
 # ------------------------------------------------------------ eager mode
 
-async def eager_world(make_world, *views):
-    w = await make_world(*(views or (wview(),))).start()
-    w.fs.eager = True
-    return w
+async def eager_world(make_world, *views, **settings):
+    return await make_world(*(views or (wview(),)), eager=True, **settings).start()
 
 
 async def settle(w):
     """Until every queued upload and delete is done (or failed once), and the journal
     records of the uploaded files are gone."""
-    while w.fs._pending and not w.fs._failures or w.fs._deletes and not any(
-            d["error"] for d in w.fs._deletes.values()) or w.cache.journal.removals_pending():
+    while w.fs.uploads._pending and not w.fs.uploads._failures or w.fs.deletes and not any(
+            d["error"] for d in w.fs.deletes.queued.values()) or w.cache.journal.removals_pending():
         await trio.sleep(0.005)
 
 
@@ -232,7 +230,7 @@ async def test_eager_close_returns_before_the_upload_readers_here_see_it_at_once
         assert len(os.listdir(w.cache.journal)) == 1
         f = await w.path("v/f")
         with trio.fail_after(5):                     # once the mount is idle
-            while not w.fs._uploading:
+            while not w.fs.uploads._uploading:
                 await trio.sleep(0.005)
         assert await w.fs.getxattr(f.ino, "user.delvefs.upload") == b"uploading"
         assert [r["state"] for r in w.fs.upload_report()] == ["uploading"]
@@ -265,8 +263,7 @@ class HeldUploads:
 
 
 async def test_eager_uploads_run_many_at_a_time(make_world):
-    w = await eager_world(make_world)
-    w.fs.upload_concurrency = 4
+    w = await eager_world(make_world, upload_concurrency=4)
     uploads = HeldUploads(w)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
@@ -314,11 +311,10 @@ async def test_eager_fsync_waits_for_the_upload(make_world):
 
 
 async def test_eager_unlinks_are_one_delete_objects_batch(make_world):
-    w = make_world(wview())
+    w = make_world(wview(), eager=True)
     for i in range(50):
         w.add("v", f"data/d/f{i}", b"x")
     await w.start()
-    w.fs.eager = True
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         d = await w.path("v/d")
@@ -350,11 +346,9 @@ async def test_eager_coalesces_renames_and_deletes_of_files_not_uploaded_yet(mak
 
 
 async def test_an_upload_after_an_eager_unlink_of_its_key_sends_the_delete_first(make_world):
-    w = make_world(wview())
+    w = make_world(wview(), eager=True, delete_gather=60.0)  # the batch would wait long
     w.add("v", "data/f", b"old")
     await w.start()
-    w.fs.eager = True
-    w.fs.delete_gather = 60.0                      # the batch would wait long
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         top = await w.path("v")
@@ -381,8 +375,7 @@ async def test_a_killed_eager_mount_loses_nothing_close_returned_for(make_world)
 # ------------------------------------------------------------ parts sent while written (strict)
 
 async def test_a_large_new_file_sends_its_parts_while_it_is_written(make_world):
-    w = await make_world(wview()).start()
-    w.fs.stream_parts = True                        # DELVEFS_UPLOAD_WHILE_WRITING=1
+    w = await make_world(wview(), upload_while_writing=True).start()  # DELVEFS_UPLOAD_WHILE_WRITING=1
     w.store.part_size = 1000
     data = bytes(range(256)) * 20 + b"end"          # 5 full parts and 123 bytes
     async with trio.open_nursery() as nursery:
@@ -415,8 +408,7 @@ async def test_a_large_new_file_sends_its_parts_while_it_is_written(make_world):
 
 
 async def test_parts_sent_while_written_complete_conditionally(make_world):
-    w = await make_world(wview()).start()
-    w.fs.stream_parts = True
+    w = await make_world(wview(), upload_while_writing=True).start()
     w.store.part_size = 1000
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
@@ -432,12 +424,10 @@ async def test_parts_sent_while_written_complete_conditionally(make_world):
 
 
 async def test_a_rename_onto_a_name_whose_delete_is_queued_sends_the_delete_first(make_world):
-    w = make_world(wview())
+    w = make_world(wview(), eager=True, delete_gather=60.0)
     w.add("v", "data/a", b"moved")
     w.add("v", "data/b", b"removed")
     await w.start()
-    w.fs.eager = True
-    w.fs.delete_gather = 60.0
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         top = await w.path("v")
@@ -480,17 +470,17 @@ async def test_eager_reopen_after_the_upload_keeps_the_inode_and_closes_cleanly(
 
 
 async def test_eager_uploads_give_way_while_requests_come_and_run_all_once_idle(make_world):
-    w = await eager_world(make_world)
-    w.fs.upload_concurrency, w.fs.upload_idle = 8, 60.0   # "busy" for the whole test
+    w = await eager_world(make_world, upload_concurrency=8)
+    w.fs.uploads.upload_idle = 60.0                     # "busy" for the whole test
     uploads = HeldUploads(w)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         for i in range(6):
             await w.write(f"v/f{i}", b"x")
         await trio.sleep(0.01)
-        assert uploads.running == w.fs.upload_busy == 0   # the writer goes first
-        w.fs.backlog_files = 6                             # past the backlog bound: all of them
-        w.fs._kick.set()
+        assert uploads.running == w.fs.uploads.upload_busy == 0   # the writer goes first
+        w.fs.uploads.backlog_files = 6                     # past the backlog bound: all of them
+        w.fs.uploads._kick.set()
         with trio.fail_after(5):
             while uploads.running < 6:
                 await trio.sleep(0.001)

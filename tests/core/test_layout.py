@@ -89,7 +89,7 @@ async def test_objects_are_placed_by_the_values_the_handler_lists(make_world):
     await w.write(f"s/{long}/1/new.fq", b"n")              # its value is known to the mount
     assert w.obj("s", "runs/new.fq")["tags"] == {"sample": "%" * 130, "lane": "1"}
     assert await w.read("s/S1/3/sub%2Fb.fq") == b"b"
-    vs = w.fs.by_name["s"]
+    vs = w.fs.catalog.by_name["s"]
     assert relative_path(vs, "runs/sub/b.fq") == "S1/3/sub%2Fb.fq"
 
 

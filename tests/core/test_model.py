@@ -37,6 +37,7 @@ from trio.testing import MockClock
 
 from delvefs.client.errors import FsError
 from delvefs.client.fs.inodes import ROOT_INODE
+from delvefs.client.settings import MountSettings
 
 from .conftest import World, view
 from .fakes import FakeStore
@@ -306,9 +307,11 @@ class CoreMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="delvefs-model-"))
         self.trio = TrioThread(MockClock())
         self.store = EventLogStore()
-        self.world = World(self.tmp, VIEWS, store=self.store)
+        # the handler may lag for as long as a test runs: the overlay has no bound
+        self.world = World(self.tmp, VIEWS, store=self.store,
+                           settings=MountSettings.defaults(uid=1000, gid=1000,
+                                                           overlay_bound=float("inf")))
         self.fs = self.world.fs
-        self.fs.overlay_bound = float("inf")  # the handler may lag for as long as a test runs
         self.handler = self.world.handler
         self.delivered = 0
         self.model = Model()

@@ -34,8 +34,8 @@ def views_log(caplog):
     return lines
 
 
-async def listed_world(make_world, *keys):
-    w = make_world(view("v", ttl=TTL))
+async def listed_world(make_world, *keys, **kw):
+    w = make_world(view("v", ttl=TTL), **kw)
     for key in keys:
         w.add("v", f"data/{key}", key.encode())
     await w.start()
@@ -108,7 +108,7 @@ async def test_a_hanging_handler_delays_one_operation_by_stale_after_then_none(
     w.add("v", "data/b", b"b")
     clock.jump(TTL + 0.5)
     elapsed, names = await timed(w.names("v"))
-    assert names == ["a"] and elapsed == pytest.approx(w.fs.stale_after)
+    assert names == ["a"] and elapsed == pytest.approx(w.settings.stale_after)
     assert "a refresh has taken more than 2 s" in await stale_xattr(w)
     waits = []
     for _ in range(40):              # a minute of operations while the handler hangs
@@ -116,7 +116,7 @@ async def test_a_hanging_handler_delays_one_operation_by_stale_after_then_none(
         waits.append(elapsed)
         assert names == ["a"]
         await trio.sleep(1.5)
-    assert max(waits) <= w.fs.stale_after
+    assert max(waits) <= w.settings.stale_after
     assert sum(1 for t in waits if t > 0) <= 3  # one wait per retry, retries backed off
     assert inflight.peak == 1        # never more than one request under way
     assert len(views_log("is stale")) == 1
@@ -156,14 +156,13 @@ async def test_a_view_never_listed_is_eio_after_the_timeout_its_waiters_share(ma
 
 async def test_a_handler_that_lost_its_state_gets_the_views_again_and_a_relisting(
         make_world, clock, views_log):
-    w = await listed_world(make_world, "a", "b")
-    b = await w.path("v/b")
     registered = []
 
     async def reregister():             # the mount's hook (new proofs)
         registered.append(trio.current_time())
         await w.fs.register("test", {"b": ["new proof"]})
-    w.fs.reregister = reregister
+    w = await listed_world(make_world, "a", "b", reregister=reregister)
+    b = await w.path("v/b")
     w.handler.lose_state()
     w.remove("v", "data/b")             # changed in S3 meanwhile
     w.add("v", "data/c", b"c")
@@ -187,9 +186,9 @@ async def test_a_lost_state_rescanning_keeps_the_last_listing_until_the_scan_is_
     w.remove("v", "data/b")
     clock.jump(TTL + 0.5)
     elapsed, names = await timed(w.names("v"))
-    assert sorted(names) == ["a", "b"] and elapsed <= w.fs.stale_after
+    assert sorted(names) == ["a", "b"] and elapsed <= w.settings.stale_after
     assert w.handler.calls["register"] == 2  # registered again with the last proofs
-    await trio.sleep(w.fs.stale_after)
+    await trio.sleep(w.settings.stale_after)
     assert "scanning bucket b (12345 objects listed so far)" in await stale_xattr(w)
     w.handler.scanning = False
     await trio.sleep(11)                # past the backoff
@@ -200,12 +199,11 @@ async def test_a_lost_state_rescanning_keeps_the_last_listing_until_the_scan_is_
 
 async def test_a_first_listing_is_eagain_when_the_scan_outlasts_the_scan_wait(
         make_world, clock, views_log):
-    w = make_world()
+    w = make_world(scan_wait=60.0)
     w.add("v", "data/a", b"a")
     w.handler.scanning = True
     w.handler.scan_listed = 42
     await w.start()
-    w.fs.scan_wait = 60.0
     top = await w.path("v")
     start = trio.current_time()
     with pytest.raises(FsError) as e:

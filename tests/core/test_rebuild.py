@@ -86,12 +86,10 @@ SIZE = 24 * MiB
 
 
 async def big_world(make_world, *, eager=False, size=SIZE):
-    w = make_world(wview())
+    w = make_world(wview(), eager=eager)
     w.store.part_size = 5 * MiB
     data = blob(size)
     w.add("v", "data/big", data)
-    if eager:
-        w.fs.eager = True
     await w.start()
     return w, data
 
@@ -193,7 +191,7 @@ async def test_a_changed_base_is_a_conflict_whose_copy_says_what_it_lacks(make_w
         await w.close(fh)
     assert e.value.errno == errno.EIO
     assert w.obj("v", "data/big")["data"] == theirs       # never a file with holes
-    [c] = w.fs.conflicts
+    [c] = w.fs.uploads.conflicts
     assert "could not be fetched" in c["reason"]
     copy = await w.read(c["path"])
     assert copy[MiB:MiB + 4] == b"mine" and len(copy) == SIZE

@@ -50,7 +50,7 @@ async def test_reload_adds_drops_and_relists_changed_views(make_world, tmp_path)
     # the kernel forgets the names that changed
     assert {(ROOT_INODE, n) for n in ("a", "b", "c")} <= set(w.notifier.entries)
     # registered as a whole, with the new proofs; the dropped registration forgotten
-    assert w.fs.registration[1] == {"b": ["proof"]}
+    assert w.fs.listings.registration[1] == {"b": ["proof"]}
     assert w.handler.unregistered == ["id-b"]
     # the open file of the dropped view still reads
     assert await w.fs.read(fh, 0, 10) == b"y"

@@ -147,7 +147,7 @@ async def test_read_your_writes_overlay_not_undone_by_stale_delta(make_world, mo
 async def test_overlay_bound(make_world, mock_clock):
     w = await make_world(wview()).start()
     await w.write("v/new", b"new")
-    mock_clock.jump(w.fs.overlay_bound + 1)   # the handler never reported it: trusted again
+    mock_clock.jump(w.settings.overlay_bound + 1)   # the handler never reported it: trusted again
     assert await w.names("v") == ["new"]       # no change from the handler: still shown
     w.remove("v", "data/new")
     mock_clock.jump(3)
@@ -321,8 +321,7 @@ async def test_links_and_special_files_refused(make_world):
 
 async def test_upload_failure_keeps_data_dirty_and_retries(make_world, mock_clock):
     mock_clock.autojump_threshold = 0
-    w = await make_world(wview()).start()
-    w.fs.retry_initial = 1.0
+    w = await make_world(wview(), retry_initial=1.0).start()
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         w.store.fail_writes = errno.EIO
@@ -335,7 +334,7 @@ async def test_upload_failure_keeps_data_dirty_and_retries(make_world, mock_cloc
         await trio.sleep(1.5)
         assert w.store.wcalls["upload"] >= 2                # retried with backoff
         w.store.fail_writes = None
-        await trio.sleep(w.fs.retry_max + 1)
+        await trio.sleep(w.settings.retry_max + 1)
         assert w.obj("v", "data/f")["data"] == b"precious"
         while w.cache.journal.removals_pending():                  # its record goes in a worker thread
             await trio.sleep(0.01)

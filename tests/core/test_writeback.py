@@ -15,8 +15,7 @@ pytestmark = pytest.mark.trio
 
 async def test_a_file_changed_by_others_gets_a_new_inode_under_the_writeback_cache(
         make_world, mock_clock):
-    w = make_world(view("v", writable=True))
-    w.fs.writeback_cache = True
+    w = make_world(view("v", writable=True), writeback_cache=True)
     w.add("v", "data/a", b"old")
     await w.start()
     a = await w.path("v/a")                       # the kernel holds it
@@ -42,15 +41,14 @@ async def test_a_file_changed_by_others_gets_a_new_inode_under_the_writeback_cac
 
 
 async def test_a_file_written_through_a_handle_keeps_its_inode(make_world, mock_clock):
-    w = make_world(view("v", writable=True))
-    w.fs.writeback_cache = True
+    w = make_world(view("v", writable=True), writeback_cache=True)
     w.add("v", "data/a", b"base")
     await w.start()
     fh, a = await w.open_write("v/a", 2)           # O_RDWR: its writes must land in its file
     await w.fs.write(fh, 0, b"mine")
     await w.fs.fsync(fh)                           # uploaded; the handle stays open
     w.add("v", "data/a", b"someone else's")        # past the overlay's bound
-    mock_clock.jump(w.fs.overlay_bound + 3)
+    mock_clock.jump(w.settings.overlay_bound + 3)
     assert (await w.path("v/a")) is a and not a.gone
     await w.fs.write(fh, 4, b"!")
     with pytest.raises(FsError) as e:
@@ -84,8 +82,7 @@ async def test_the_change_of_an_earlier_upload_of_the_same_content_retires_nothi
 
 async def test_an_open_that_finds_s3_ahead_leaves_a_new_inode_for_the_next_one(
         make_world, mock_clock):
-    w = make_world(view("v", writable=True))
-    w.fs.writeback_cache = True
+    w = make_world(view("v", writable=True), writeback_cache=True)
     w.add("v", "data/a", b"v1")
     await w.start()
     assert await w.read("v/a") == b"v1"
@@ -103,8 +100,7 @@ async def test_an_open_that_finds_s3_ahead_leaves_a_new_inode_for_the_next_one(
 
 async def test_a_change_of_the_same_size_keeps_the_inode_and_drops_its_pages(
         make_world, mock_clock):
-    w = make_world(view("v", writable=True))
-    w.fs.writeback_cache = True
+    w = make_world(view("v", writable=True), writeback_cache=True)
     w.add("v", "data/a", b"AAAA")
     await w.start()
     assert await w.read("v/a") == b"AAAA"

@@ -16,6 +16,7 @@ from delvefs.cli import build_parser, main
 from delvefs.client import mount, options
 from delvefs.client.errors import FsError
 from delvefs.client.options import OptionError
+from delvefs.client.settings import MountSettings
 from tests.core.conftest import World, view
 
 
@@ -169,15 +170,17 @@ async def first_file(w):
 
 @pytest.mark.trio
 async def test_modes_owner_and_umask_as_stat_shows_them(tmp_path):
-    w = World(tmp_path, [view("v", writable=True)])
-    w.add("v", "data/a", b"x")
-    w.fs.file_mode, w.fs.dir_mode, w.fs.umask = 0o664, 0o775, 0o002
-    await w.start()
+    def world(**modes):
+        w = World(tmp_path / str(len(modes)), [view("v", writable=True)],
+                  settings=MountSettings.defaults(uid=1000, gid=1000, **modes))
+        w.add("v", "data/a", b"x")
+        return w
+    w = await world(file_mode=0o664, dir_mode=0o775, umask=0o002).start()
     f, d = await first_file(w), await w.path("v")
     assert stat.S_IMODE(w.fs.stat(f)[0]) == 0o664 and stat.S_ISREG(w.fs.stat(f)[0])
     assert stat.S_IMODE(w.fs.stat(d)[0]) == 0o775 and stat.S_ISDIR(w.fs.stat(d)[0])
-    w.fs.umask = 0o077
-    assert stat.S_IMODE(w.fs.stat(f)[0]) == 0o600
+    w = await world(umask=0o077).start()
+    assert stat.S_IMODE(w.fs.stat(await first_file(w))[0]) == 0o600
     assert (w.fs.uid, w.fs.gid) == (1000, 1000)
 
 

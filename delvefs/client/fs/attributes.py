@@ -10,34 +10,31 @@ import errno
 import os
 
 from ..errors import FsError, read_only
-from .inodes import Dir, Node, mode_of
+from .handles import DirHandle, Handles
+from .inodes import InodeTable, Node, mode_of
+from .properties import Properties
+from .tree import Tree
+from .views import Views
 
 ROOT_TIMEOUT = 3600.0
 BLOCK = 4096
 
 
-class DirHandle:
-    __slots__ = ("node", "snapshot")
-
-    def __init__(self, node: Dir, snapshot: tuple):
-        self.node = node
-        self.snapshot = snapshot
-
-
 class Attributes:
-    """The name and attribute operations of :class:`delvefs.client.fs.core.FileSystem`."""
+    """The name and attribute operations."""
 
-    # permission bits shown (`delvefs mount --file-mode/--dir-mode/--umask`, -o file_mode=...):
-    # None = 0644/0755; a read-only view's lose their write bits; umask is taken away last
-    file_mode: int | None = None
-    dir_mode: int | None = None
-    umask: int = 0
-
-    def _node(self, ino: int) -> Node:
-        node = self.table.get(ino)
-        if node is None:
-            raise FsError(errno.ENOENT, f"inode {ino} unknown")
-        return node
+    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, views: Views,
+                 properties: Properties, settings):
+        self.table = table
+        self.handles = handles
+        self.tree = tree
+        self.views = views
+        self.properties = properties
+        # permission bits shown (`delvefs mount --file-mode/--dir-mode/--umask`): None =
+        # 0644/0755; a read-only view's lose their write bits; umask is taken away last
+        self.file_mode = settings.file_mode
+        self.dir_mode = settings.dir_mode
+        self.umask = settings.umask or 0
 
     def timeout(self, node: Node) -> float:
         vs = node.view if node.is_dir else node.parent.view
@@ -60,7 +57,7 @@ class Attributes:
 
     async def lookup(self, parent_ino: int, name: str) -> Node | None:
         """The child ``name`` (its lookup count + 1), or None: a negative entry."""
-        parent = self._node(parent_ino)
+        parent = self.table.require(parent_ino)
         if not parent.is_dir:
             raise FsError(errno.ENOTDIR)
         if name == ".":
@@ -68,7 +65,7 @@ class Attributes:
         elif name == "..":
             node = parent.parent or parent
         else:
-            await self._fresh_for(parent)
+            await self.views.fresh_for(parent)
             node = parent.children.get(name)
             if node is None:
                 return None
@@ -79,19 +76,19 @@ class Attributes:
         for ino, n in items:
             self.table.forget(ino, n)
             if ino not in self.table.nodes:
-                self._served.pop(ino, None)
-                self._props.pop(ino, None)
+                self.tree.unserve(ino)
+                self.properties.forget(ino)
 
     async def getattr(self, ino: int) -> Node:
-        node = self._node(ino)
+        node = self.table.require(ino)
         if not node.gone:
-            await self._fresh_for(node)
+            await self.views.fresh_for(node)
         return node
 
     def access(self, ino: int, mode: int) -> None:
         """access(2) of the mount's user: the owner bits ``stat`` shows; write access
         refused in a read-only view is EROFS (as the writes there), anything else EACCES."""
-        node = self._node(ino)
+        node = self.table.require(ino)
         missing = mode & (os.R_OK | os.W_OK | os.X_OK) & ~(self.stat(node)[0] >> 6)
         if missing:
             vs = node.view if node.is_dir else node.parent.view
@@ -100,22 +97,20 @@ class Attributes:
             raise FsError(errno.EACCES)
 
     async def opendir(self, ino: int) -> int:
-        node = self._node(ino)
+        node = self.table.require(ino)
         if not node.is_dir:
             raise FsError(errno.ENOTDIR)
-        await self._fresh_for(node)
-        fh = next(self._fh)
-        self.dirs[fh] = DirHandle(node, node.snapshot())
-        return fh
+        await self.views.fresh_for(node)
+        return self.handles.add_dir(DirHandle(node, node.snapshot()))
 
     async def readdir(self, fh: int, off: int, reply) -> None:
         """Call ``reply(name, node, next_offset)`` for entries from ``off`` until it returns
         False; every accepted entry gains a lookup (readdirplus)."""
-        h = self.dirs.get(fh)
+        h = self.handles.dirs.get(fh)
         if h is None:
             raise FsError(errno.EBADF)
         if off == 0:  # (re)wind: a fresh snapshot
-            await self._fresh_for(h.node)
+            await self.views.fresh_for(h.node)
             h.snapshot = h.node.snapshot()
         snap = h.snapshot
         ref = self.table.ref
@@ -128,7 +123,7 @@ class Attributes:
             ref(node)
 
     def releasedir(self, fh: int) -> None:
-        self.dirs.pop(fh, None)
+        self.handles.dirs.pop(fh, None)
 
     def statfs(self) -> dict:
         files = 1 << 32

@@ -7,20 +7,25 @@ rmdir, rename, getxattr / listxattr / setxattr / removexattr, statfs) with names
 directly with a fake handler and a fake store; the mount drives it through
 ``delvefs.client.fuse_adapter``.
 
-It is one object; its operations live in one module per concern, and the state they
-share is made here:
+It is a facade over parts that own their state, built here and passed to each other at
+construction (each names what it uses; arrows point at what a part calls):
 
-``views``       the views, their listings and delta refreshes (each a task of its own),
-                their staleness while the handler does not answer, which view an object is in
-``tree``        edits of the directory tree (never awaiting), the overlay of local changes
-``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs
-``reads``       open, read, release
-``writes``      create, write, flush, fsync, truncate
-``uploads``     conditional uploads and conflicts, eager uploads and batched deletes,
-                retries, recovery, sync, shutdown
-``dirty``       the state of dirty files and their journal (:class:`DirtyFiles`)
-``namespace``   unlink, mkdir, rmdir, rename
-``xattrs``      tags, metadata and facts as extended attributes; a view's info and sync
+``catalog``     the views (ViewState records), which view an object belongs to
+``tree``        the directory tree, overlays of local changes, the kernel's cached pages
+``listings``    registration, listings and delta refreshes, staleness, reload  → tree
+``properties``  tags and metadata of files, retagging                           → tree
+``deletes``     eager unlinks' DELETEs in DeleteObjects batches
+``uploads``     conditional uploads and conflicts, the background queue, sync,
+                recovery, shutdown, parts sent while written   → tree, properties, deletes
+``writes``      create, write, flush, fsync, truncate                  → uploads, listings
+``reads``       open for reading, read, release                                → uploads
+``namespace``   unlink, mkdir, rmdir, rename                    → uploads, deletes, listings
+``xattrs``      extended attributes                           → properties, uploads, listings
+``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs       → listings
+``handles``     open file and directory handles; ``dirty`` the dirty files and their
+                journal (:class:`DirtyFiles`); ``table`` the inode table
+
+Every setting comes from one frozen :class:`delvefs.client.settings.MountSettings`.
 
 Concurrency (trio)
 ------------------
@@ -28,28 +33,32 @@ Everything runs in one trio thread; code between two ``await`` s is atomic. Awai
 are: waiting for a view refresh, handler HTTP calls, S3 calls (worker threads via
 ``delvefs.client.s3async``), and waiting for another task's download of the same object.
 After each await, operations re-read the node/handle state instead of trusting what they
-saw before. Each module states its own rules: tree edits never await (``tree``), cache
+saw before. Each part states its own rules: tree edits never await (``tree``), cache
 file I/O runs on the loop (``reads``), one dirty file's uploads, renames and unlinks take
 turns (``uploads``).
 """
 from __future__ import annotations
 
-import collections
-import itertools
+import errno
 import os
 import time
 
 import trio
 
-from ..datacache import CacheEntry, DataCache
-from .attributes import Attributes, DirHandle
+from ..datacache import DataCache
+from ..errors import FsError, read_only, refused
+from .attributes import Attributes
+from .catalog import ViewCatalog
+from .deletes import DeleteQueue
 from .dirty import DirtyFiles
-from .inodes import InodeTable
+from .handles import Handles
+from .inodes import Dir, File, InodeTable, Node
 from .namespace import Namespace
-from .reads import FileHandle, Reads
-from .tree import OVERLAY_BOUND, Tree
-from .views import STALE_AFTER, ViewState, Views, scan_wait
+from .properties import Properties
+from .reads import Reads
+from .tree import Tree
 from .uploads import Uploads
+from .views import Views
 from .writes import Writes
 from .xattrs import Xattrs
 
@@ -64,70 +73,169 @@ class NullNotifier:
         pass
 
 
-class FileSystem(Attributes, Reads, Writes, Uploads, Namespace, Xattrs, Views, Tree):
-    def __init__(self, views, handler, store, cache: DataCache, *, notifier=None,
-                 uid: int | None = None, gid: int | None = None, page_size: int = 20000,
-                 eager: bool = False, upload_concurrency: int = 16):
-        now_ns = time.time_ns()
-        self.table = InodeTable(now_ns)
+class FileSystem:
+    def __init__(self, views, handler, store, cache: DataCache, settings, *, notifier=None,
+                 reregister=None):
+        self.settings = settings
         self.handler = handler
         self.store = store
         self.cache = cache
-        self.notifier = notifier or NullNotifier()
-        self.uid = os.getuid() if uid is None else uid
-        self.gid = os.getgid() if gid is None else gid
-        self.page_size = page_size
-        self.views: list[ViewState] = []
-        root = self.table.root
-        for i, view in enumerate(views):
-            vs = ViewState(view, 0)
-            vs.index = i
-            vs.top = self.table.new_dir(root, view.name, vs, vs.root, now_ns)
-            self.views.append(vs)
-        self.by_name = {vs.name: vs for vs in self.views}
-        # handler outages (views): how long an operation on a listed view waits for a
-        # refresh, and one on a view never listed for its bucket's first scan
-        self.stale_after = STALE_AFTER
-        self.scan_wait = scan_wait()
-        self.reregister = None  # async (): register the views again (set by the mount)
-        self.registration: tuple[str, dict] | None = None  # (client, proofs) of the last one
-        self.registrations = 0
-        self._matcher_obj = None
-        self._fh = itertools.count(1)
-        self.dirs: dict[int, DirHandle] = {}
-        self.files: dict[int, FileHandle] = {}
-        self._served: dict[int, str] = {}       # ino -> ETag whose bytes the kernel may cache
-        self._props: dict[int, tuple] = {}      # ino -> (time, tags, metadata, etag)
-        # write side
+        self.uid, self.gid = settings.uid, settings.gid
+        self.eager = settings.eager
+        self.writeback_cache = settings.writeback_cache
+        self.table = InodeTable(time.time_ns())
+        self.catalog = ViewCatalog(views)
+        self.handles = Handles()
         self.dirty = DirtyFiles(cache)
-        self.local_dirs: set[int] = set()       # inos of mkdir'ed dirs no object lies below yet
-        self.overlay_bound = OVERLAY_BOUND
-        self._locks: dict[str, trio.Lock] = {}  # journal file name -> upload lock
-        self._pending: dict[str, CacheEntry] = {}   # dirty entries the uploader retries
-        self._retry: dict[str, tuple[float, float]] = {}  # file -> (next attempt, delay)
-        self._kick = trio.Event()
-        self.retry_initial = 1.0
-        self.retry_max = 60.0
-        self.uploads = 0  # statistics (tests, logs)
-        # eager mode: close returns once the file is journaled; uploads and DELETEs follow
-        self.eager = eager
-        self.upload_concurrency = max(1, upload_concurrency)
-        self._uploading: set[str] = set()        # files whose upload request runs now
-        self._failures: dict[str, str] = {}      # file -> why its last upload failed
-        self.conflicts: list[dict] = []          # conflict copies made by this mount
-        self._deletes: dict[tuple[str, str], dict] = {}  # queued DELETEs (eager unlinks)
-        self._delete_kick = trio.Event()
-        self._deletes_sent = trio.Event()        # set (and replaced) after each batch round
-        self._delete_now = False                 # an upload waits: send without gathering
-        self.delete_gather = 0.02                # seconds without an unlink before sending
-        self._streams: dict = {}                 # file -> PartStream (parts sent while written)
-        self._bg: trio.Nursery | None = None     # the uploader's nursery (background sends)
-        self.stream_parts = False                # strict mode: send parts while written
-        # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
-        self._own_tags: collections.OrderedDict = collections.OrderedDict()
+        self.tree = Tree(self.table, self.catalog, self.handles, cache,
+                         notifier or NullNotifier(), settings)
+        self.listings = Views(self.catalog, self.tree, handler, self.dirty, settings,
+                              reregister=reregister)
+        self.properties = Properties(store, cache, self.dirty, self.tree)
+        self.deletes = DeleteQueue(store, settings)
+        self.uploads = Uploads(store, cache, self.dirty, self.catalog, self.tree,
+                               self.properties, self.deletes, settings)
+        self.writes = Writes(self.table, self.handles, self.tree, self.listings,
+                             self.uploads, self.dirty, cache, store, settings)
+        self.reads = Reads(self.table, self.handles, self.tree, self.uploads, self.dirty,
+                           cache, store)
+        self.namespace = Namespace(self.table, self.catalog, self.tree, self.listings,
+                                   self.uploads, self.deletes, self.properties, self.dirty,
+                                   cache, store, settings)
+        self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache,
+                             getattr(handler, "base_url", None))
+        self.attributes = Attributes(self.table, self.handles, self.tree, self.listings,
+                                     self.properties, settings)
+
+    @property
+    def views(self) -> list:
+        """The mount's views (ViewState records), in order."""
+        return self.catalog.views
 
     def close(self) -> None:
-        for fh in list(self.files):
-            h = self.files.pop(fh)
-            if h.fd is not None:
-                os.close(h.fd)
+        self.handles.close_all()
+
+    # ------------------------------------------------------------ the adapter's entry points
+
+    def stat(self, node: Node) -> tuple[int, int, int, int, float]:
+        return self.attributes.stat(node)
+
+    def timeout(self, node: Node) -> float:
+        return self.attributes.timeout(node)
+
+    async def lookup(self, parent_ino: int, name: str) -> Node | None:
+        return await self.attributes.lookup(parent_ino, name)
+
+    def forget(self, items) -> None:
+        self.attributes.forget(items)
+
+    async def getattr(self, ino: int) -> Node:
+        return await self.attributes.getattr(ino)
+
+    def access(self, ino: int, mode: int) -> None:
+        self.attributes.access(ino, mode)
+
+    async def opendir(self, ino: int) -> int:
+        return await self.attributes.opendir(ino)
+
+    async def readdir(self, fh: int, off: int, reply) -> None:
+        await self.attributes.readdir(fh, off, reply)
+
+    def releasedir(self, fh: int) -> None:
+        self.attributes.releasedir(fh)
+
+    def statfs(self) -> dict:
+        return self.attributes.statfs()
+
+    async def open(self, ino: int, flags: int) -> tuple[int, bool]:
+        """A handle and whether the kernel may keep pages it cached for this inode."""
+        node = self.table.require(ino)
+        if node.is_dir:
+            raise FsError(errno.EISDIR)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            vs = node.parent.view
+            if not vs.writable:
+                raise read_only(vs.name)
+            return await self.writes.open_writer(node, truncate=bool(flags & os.O_TRUNC)), False
+        return self.reads.open(node)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self.reads.read(fh, off, size)
+
+    async def release(self, fh: int) -> None:
+        await self.reads.release(fh)
+
+    async def create(self, parent_ino: int, name: str, flags: int) -> tuple[int, File]:
+        return await self.writes.create(parent_ino, name, flags)
+
+    async def write(self, fh: int, off: int, data: bytes) -> int:
+        return await self.writes.write(fh, off, data)
+
+    async def flush(self, fh: int) -> None:
+        await self.writes.flush(fh)
+
+    async def fsync(self, fh: int) -> None:
+        await self.writes.fsync(fh)
+
+    async def setattr(self, ino: int, *, size: int | None = None, fh: int | None = None) -> Node:
+        return await self.writes.setattr(ino, size=size, fh=fh)
+
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        await self.namespace.unlink(parent_ino, name)
+
+    async def mkdir(self, parent_ino: int, name: str) -> Dir:
+        return await self.namespace.mkdir(parent_ino, name)
+
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        await self.namespace.rmdir(parent_ino, name)
+
+    async def rename(self, old_parent_ino: int, old_name: str, new_parent_ino: int,
+                     new_name: str, flags: int = 0) -> None:
+        await self.namespace.rename(old_parent_ino, old_name, new_parent_ino, new_name, flags)
+
+    async def getxattr(self, ino: int, name: str) -> bytes:
+        return await self.xattrs.getxattr(ino, name)
+
+    async def listxattr(self, ino: int) -> list[str]:
+        return await self.xattrs.listxattr(ino)
+
+    async def setxattr(self, ino: int, name: str, value: bytes) -> None:
+        await self.xattrs.setxattr(ino, name, value)
+
+    async def removexattr(self, ino: int, name: str) -> None:
+        await self.xattrs.removexattr(ino, name)
+
+    def refuse(self, what: str) -> None:
+        raise refused(what)
+
+    # ------------------------------------------------------------ the mount's life
+
+    async def register(self, client: str, proofs: dict) -> None:
+        await self.listings.register(client, proofs)
+
+    async def reload(self, views, proofs: dict) -> dict:
+        return await self.listings.reload(views, proofs)
+
+    async def prefetch(self) -> None:
+        await self.listings.prefetch()
+
+    def recover(self) -> None:
+        self.uploads.recover()
+
+    async def run_uploads(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.uploads.run_uploads(task_status=task_status)
+
+    async def sync_all(self) -> list[str]:
+        return await self.uploads.sync_all()
+
+    async def shutdown(self) -> tuple[list[str], list[str]]:
+        return await self.uploads.shutdown()
+
+    def upload_report(self) -> list[dict]:
+        return self.uploads.upload_report()
+
+    def conflict_copies(self) -> list[str]:
+        return self.uploads.conflict_copies()
+
+    def scratch_files(self) -> list[str]:
+        return self.uploads.scratch_files()

@@ -62,9 +62,12 @@ and refuses names that are not what ``value_dir`` writes.
 """
 from __future__ import annotations
 
+import errno
 import stat
 import sys
 from collections.abc import Mapping
+
+from ..errors import FsError, read_only
 
 ROOT_INODE = 1
 NAME_MAX = 255
@@ -268,6 +271,32 @@ def mode_of(node: Node, writable: bool) -> int:
     return stat.S_IFREG | (0o644 if writable else 0o444)
 
 
+def key_for(parent: Dir, vs, name: str) -> str:
+    """The key a file ``name`` in ``parent`` of view ``vs`` has (EINVAL when no key maps
+    to it)."""
+    if vs.flat:
+        rel = flat_key(name)
+        if not rel or flat_name(rel) != name:
+            raise FsError(errno.EINVAL, f"{name!r} is not a flat name (write % as %25, / as %2F)")
+        return vs.root + rel
+    if not valid_segment(name):
+        raise FsError(errno.EINVAL, f"{name!r} cannot be a key segment")
+    return parent.prefix + name
+
+
+def writable_dir(table: "InodeTable", ino: int) -> tuple[Dir, object]:
+    """(directory, view) of ``ino``, a directory of a writable view (else the errno)."""
+    d = table.require(ino)
+    if not d.is_dir:
+        raise FsError(errno.ENOTDIR)
+    vs = d.view
+    if vs is None:
+        raise FsError(errno.EACCES, "the mount's root holds the views only")
+    if not vs.writable:
+        raise read_only(vs.name)
+    return d, vs
+
+
 class InodeTable:
     """ino -> node for the root and every node the kernel holds (nlookup > 0)."""
 
@@ -283,6 +312,13 @@ class InodeTable:
 
     def get(self, ino: int) -> Node | None:
         return self.nodes.get(ino)
+
+    def require(self, ino: int) -> Node:
+        """The node of ``ino`` (ENOENT when the kernel names one it forgot)."""
+        node = self.nodes.get(ino)
+        if node is None:
+            raise FsError(errno.ENOENT, f"inode {ino} unknown")
+        return node
 
     def ref(self, node: Node, n: int = 1) -> None:
         """The kernel took ``n`` more references to ``node``."""

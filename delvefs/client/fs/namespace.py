@@ -2,7 +2,7 @@
 
 unlink = DeleteObject; rename = server-side copy + delete (a dirty file is only re-keyed;
 a directory moves object by object, not atomically). A directory made by mkdir exists in
-this mount only (``local_dirs``) until an object lies below it; a directory whose last
+this mount only (the tree's ``local_dirs``) until an object lies below it; a directory whose last
 entry goes away through this mount stays, as if mkdir'ed, until rmdir.
 """
 from __future__ import annotations
@@ -10,50 +10,42 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import math
-import time
 
 import trio
 
-from ..errors import FsError, StoreError, read_only, refused, store_failure
-from .inodes import Dir, File, Node, flat_key, flat_name, valid_segment
-from .tree import Pending
-from .views import ViewState
+from ..errors import FsError, StoreError, store_failure
+from .catalog import ViewCatalog, ViewState
+from .deletes import DeleteQueue
+from .inodes import Dir, File, InodeTable, Node, key_for, valid_segment, writable_dir
+from .properties import Properties
+from .tree import Tree
+from .uploads import Uploads
+from .views import Views
 
 log = logging.getLogger(__name__)
 
 
 class Namespace:
-    """The name operations of :class:`delvefs.client.fs.core.FileSystem`."""
+    """unlink, mkdir, rmdir and rename."""
 
-    def _writable_dir(self, ino: int) -> tuple[Dir, ViewState]:
-        d = self._node(ino)
-        if not d.is_dir:
-            raise FsError(errno.ENOTDIR)
-        vs = d.view
-        if vs is None:
-            raise FsError(errno.EACCES, "the mount's root holds the views only")
-        if not vs.writable:
-            raise read_only(vs.name)
-        return d, vs
-
-    def _key_for(self, parent: Dir, vs: ViewState, name: str) -> str:
-        """The key a file ``name`` in ``parent`` has (EINVAL when no key maps to it)."""
-        if vs.flat:
-            rel = flat_key(name)
-            if not rel or flat_name(rel) != name:
-                raise FsError(errno.EINVAL, f"{name!r} is not a flat name (write % as %25, / as %2F)")
-            return vs.root + rel
-        if not valid_segment(name):
-            raise FsError(errno.EINVAL, f"{name!r} cannot be a key segment")
-        return parent.prefix + name
-
-    def refuse(self, what: str) -> None:
-        raise refused(what)
+    def __init__(self, table: InodeTable, catalog: ViewCatalog, tree: Tree, views: Views,
+                 uploads: Uploads, deletes: DeleteQueue, properties: Properties, dirty, cache,
+                 store, settings):
+        self.table = table
+        self.catalog = catalog
+        self.tree = tree
+        self.views = views
+        self.uploads = uploads
+        self.deletes = deletes
+        self.properties = properties
+        self.dirty = dirty
+        self.cache = cache
+        self.store = store
+        self.eager = settings.eager
 
     async def unlink(self, parent_ino: int, name: str) -> None:
-        parent, vs = self._writable_dir(parent_ino)
-        await self._fresh(vs)
+        parent, vs = writable_dir(self.table, parent_ino)
+        await self.views.fresh(vs)
         node = parent.children.get(name)
         if node is None:
             raise FsError(errno.ENOENT)
@@ -66,7 +58,7 @@ class Namespace:
         bucket, key = vs.bucket, node.key
         entry = self.cache.get(bucket, key)
         # only a dirty file has an upload to wait for (a lock nobody else holds costs a yield)
-        lock = self._entry_lock(entry) if entry is not None and entry.dirty else contextlib.nullcontext()
+        lock = self.uploads.entry_lock(entry) if entry is not None and entry.dirty else contextlib.nullcontext()
         async with lock:
             if node.gone:
                 raise FsError(errno.ENOENT)
@@ -76,10 +68,10 @@ class Namespace:
             local_only = entry is not None and entry.dirty and not entry.meta.get("existing") \
                 and not node.etag
             if entry is not None and entry.dirty and entry.opens:  # still read through a handle
-                await self._keep_source(entry, "removing (fetching what it lacks)")
+                await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
             if not local_only:
                 if self.eager:  # sent in a DeleteObjects batch (run_deletes)
-                    self._queue_delete(bucket, key)
+                    self.deletes.queue(bucket, key)
                 else:
                     try:
                         await self.store.delete(bucket, key)
@@ -87,60 +79,35 @@ class Namespace:
                         raise store_failure(exc, "deleting", bucket, key) from exc
             entry = self.cache.get(bucket, key)
             if entry is not None:
-                self._unschedule(entry)
+                self.uploads.unschedule(entry)
                 self.dirty.discard(entry)
-            vs.overlay.pop(key, None)
-            self._keep_dir(node.parent)
+            self.tree.forget_pending(vs, key)
+            self.tree.keep_dir(node.parent)
             if local_only:
-                self._drop_local(bucket, key, vs)
+                self.tree.drop_local(bucket, key, vs)
             else:
-                self._local_delete(bucket, key, also=vs, quiet=True)
-                self._unshadow(bucket, key)
+                self.tree.local_delete(bucket, key, also=vs, quiet=True)
+                self.tree.unshadow(bucket, key)
             if not node.gone:  # not shown by the view's rules (scratch): remove it here
-                self._remove(node, notify=False)
-
-    def _unshadow(self, bucket: str, key: str) -> None:
-        """The object ``key`` is gone: a directory of its name in any view no longer hides
-        it (it must not show again when the directory goes)."""
-        for vs in self.views:
-            if vs.bucket == bucket and vs.by is None:
-                d = self._find(vs, key)
-                if d is not None and d.is_dir and d.shadow is not None and d.shadow.key == key:
-                    d.shadow = None
-
-    def _drop_local(self, bucket: str, key: str, also: ViewState) -> None:
-        """A file S3 never had is gone: its local nodes go, and nothing else — an object of
-        that key (another writer's) stays shown wherever it is."""
-        for vs in self.views:
-            if vs.bucket != bucket:
-                continue
-            p = vs.overlay.get(key)
-            if p is not None and p.kind == "local":
-                del vs.overlay[key]
-            node = self._find(vs, key)
-            if node is not None and not node.is_dir and not node.etag:
-                self._delete(vs, key, remote=False, notify=vs is not also)
+                self.tree.remove(node, notify=False)
 
     async def mkdir(self, parent_ino: int, name: str) -> Dir:
-        parent, vs = self._writable_dir(parent_ino)
+        parent, vs = writable_dir(self.table, parent_ino)
         if vs.by is not None:  # layout by properties: a directory for a property value (tree.py)
-            await self._fresh(vs)
-            return self._mkdir_property(parent, name)
+            await self.views.fresh(vs)
+            return self.tree.mkdir_property(parent, name)
         if vs.flat:
             raise FsError(errno.EPERM, f"view {vs.name} is flat: no directories")
         if not valid_segment(name):
             raise FsError(errno.EINVAL)
-        await self._fresh(vs)
+        await self.views.fresh(vs)
         if name in parent.children:
             raise FsError(errno.EEXIST)
-        d = self.table.new_dir(parent, name, vs, parent.prefix + name + "/", time.time_ns())
-        self.local_dirs.add(d.ino)
-        self.table.ref(d)
-        return d
+        return self.tree.mkdir_local(parent, name, parent.prefix + name + "/")
 
     async def rmdir(self, parent_ino: int, name: str) -> None:
-        parent, vs = self._writable_dir(parent_ino)
-        await self._fresh(vs)
+        parent, vs = writable_dir(self.table, parent_ino)
+        await self.views.fresh(vs)
         d = parent.children.get(name)
         if d is None:
             raise FsError(errno.ENOENT)
@@ -148,79 +115,32 @@ class Namespace:
             raise FsError(errno.ENOTDIR)
         if d.children:
             raise FsError(errno.ENOTEMPTY)
-        if d.ino not in self.local_dirs and vs.by is None:  # an empty virtual directory: a folder marker
+        if not self.tree.is_local_dir(d) and vs.by is None:  # an empty virtual directory: a folder marker
             if self.eager:
-                self._queue_delete(vs.bucket, d.prefix)
+                self.deletes.queue(vs.bucket, d.prefix)
             else:
                 try:
                     await self.store.delete(vs.bucket, d.prefix)
                 except StoreError as exc:
                     raise store_failure(exc, "deleting folder marker", vs.bucket, d.prefix) from exc
-            self._local_delete(vs.bucket, d.prefix, also=vs)
+            self.tree.local_delete(vs.bucket, d.prefix, also=vs)
         if d.gone or d.children:
             return
-        self._keep_dir(parent)
-        self.local_dirs.discard(d.ino)
-        self.table.detach(d)
-        if d.shadow is not None:
-            d.shadow.gone = False
-            parent.children[d.name] = d.shadow
-            parent.changed()
-        self._prune(parent)
-
-    def _keep_dir(self, d: Dir) -> None:
-        """``d`` is about to lose its last entry through this mount (unlink, rename): it
-        stays, as if mkdir'ed, until rmdir (rm -r removes a file, then its directory)."""
-        if len(d.children) == 1 and d.view is not None and d is not d.view.top:
-            self.local_dirs.add(d.ino)
-
-    def _move(self, node: Node, dst: Dir, name: str) -> None:
-        """Move ``node`` (keeping its inode) to ``dst``/``name``, replacing what is there."""
-        self._keep_dir(node.parent)
-        target = dst.children.get(name)
-        if target is not None and target is not node:
-            self.table.detach(target)
-        old = node.parent
-        shadow = node.shadow if node.is_dir else None  # a file it hid stays where it is
-        if old.children.get(node.name) is node:
-            del old.children[node.name]
-            old.changed()
-            if shadow is not None:
-                node.shadow = None
-                shadow.gone = False
-                old.children[node.name] = shadow
-        node.name = name
-        node.parent = dst
-        dst.children[name] = node
-        dst.changed()
-        node.gone = False
-        if self.local_dirs and not node.is_dir:
-            d = dst
-            while d is not None:
-                self.local_dirs.discard(d.ino)
-                d = d.parent
-        if node.is_dir:  # keys below it changed: fix the prefixes of its subtree
-            stack = [node]
-            while stack:
-                d = stack.pop()
-                d.prefix = d.parent.prefix + d.name + "/"
-                stack.extend(c for c in d.children.values() if c.is_dir)
-        self._served.pop(node.ino, None)
-        self._prune(old)
+        self.tree.remove_dir(d)
 
     async def rename(self, old_parent_ino: int, old_name: str, new_parent_ino: int,
                      new_name: str, flags: int = 0) -> None:
-        src_parent, src_vs = self._writable_dir(old_parent_ino)
-        dst_parent, dst_vs = self._writable_dir(new_parent_ino)
+        src_parent, src_vs = writable_dir(self.table, old_parent_ino)
+        dst_parent, dst_vs = writable_dir(self.table, new_parent_ino)
         if flags & 2:  # RENAME_EXCHANGE
             raise FsError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
-        await self._fresh(src_vs)
+        await self.views.fresh(src_vs)
         if dst_vs is not src_vs:
-            await self._fresh(dst_vs)
+            await self.views.fresh(dst_vs)
         node = src_parent.children.get(old_name)
         if node is None:
             raise FsError(errno.ENOENT)
-        self._key_for(dst_parent, dst_vs, new_name)  # a valid name there
+        key_for(dst_parent, dst_vs, new_name)  # a valid name there
         target = dst_parent.children.get(new_name)
         if target is node:
             return
@@ -243,7 +163,7 @@ class Namespace:
         else:
             if target is not None and target.is_dir:
                 raise FsError(errno.EISDIR)
-            retag = self._layout_dir_tags(dst_parent)  # layout by properties: its directories' values
+            retag = self.tree.layout_dir_tags(dst_parent)  # layout by properties: its directories' values
             if retag is not None and dst_vs is src_vs:  # retagged first: it moves there, same name
                 await self._retag_into(node, dst_parent, retag)
                 if node.parent is dst_parent and node.name == new_name:
@@ -251,6 +171,21 @@ class Namespace:
             await self._rename_file(node, dst_parent, new_name, target)
             if retag is not None:
                 await self._retag_into(node, dst_parent, retag)
+
+    async def _retag_into(self, node: File, d: Dir, implied: dict) -> None:
+        """A file moved (renamed) into ``d`` of a layout by properties takes its values as
+        tags (an object's tags: PutObjectTagging; a dirty file's: at its upload)."""
+        vs = d.view
+        if node.gone or node.parent.view is not vs:
+            return
+        if self.tree.values_of(vs, node.key) == implied["values"]:
+            return
+        tags, _ = await self.properties.of(node)
+        untag = tuple(t for t in tags if t.lower() in implied["untag"])
+        if node.parent is not d:
+            self.tree.keep_dir(node.parent)  # as after any rename out of it: stays until rmdir
+        await self.properties.retag(node, implied["tags"], untag)
+        self.tree.place(node, implied["values"])
 
     async def _relocate(self, node: File, dst_vs: ViewState, dk: str, target: Node | None,
                         result: dict) -> None:
@@ -261,15 +196,15 @@ class Namespace:
         sb, sk, db = src_vs.bucket, node.key, dst_vs.bucket
         entry = self.cache.get(sb, sk)
         if entry is not None and entry.dirty:
-            async with self._entry_lock(entry):
+            async with self.uploads.entry_lock(entry):
                 if entry.dirty and (entry.bucket, entry.key) == (sb, sk):
-                    await self._keep_source(entry, "renaming (fetching what it lacks)")
+                    await self.uploads.keep_source(entry, "renaming (fetching what it lacks)")
                     if entry.meta.get("existing") or node.etag:
                         try:
                             await self.store.delete(sb, sk)
                         except StoreError as exc:
                             raise store_failure(exc, "deleting (rename)", sb, sk) from exc
-                    self._unschedule(entry)
+                    self.uploads.unschedule(entry)
                     self._discard_dirty(db, dk, entry, dst_vs)
                     self.dirty.rekey(entry, db, dk)
                     # based on what it replaces now: the target's version, or nothing; a
@@ -280,16 +215,16 @@ class Namespace:
                     result["dirty"] = entry
                     return
         tags = {}
-        if self._needs_tags(db) or self._needs_tags(sb):
-            tags = await self._object_tags(sb, sk, "renaming")
-        if not self.can_match(dst_vs, dk, node.size, tags):
+        if self.catalog.needs_tags(db) or self.catalog.needs_tags(sb):
+            tags = await self.properties.object_tags(sb, sk, "renaming")
+        if not self.catalog.can_match(dst_vs, dk, node.size, tags):
             raise FsError(errno.EXDEV, f"{dk} cannot be in view {dst_vs.name} (mv copies, then "
                           "removes: the copy is a scratch file of this mount)")
         replaced = self.cache.get(db, dk)
         if replaced is not None and replaced.dirty and replaced.opens:  # read through a handle
-            await self._keep_source(replaced, "replacing (fetching what it lacks)")
+            await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
         try:
-            await self._settle_delete(db, dk)  # eager: a queued DELETE of dk must go first
+            await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
             info = await self.store.copy(db, dk, sb, sk)
         except StoreError as exc:
             raise store_failure(exc, "copying (rename)", sb, sk) from exc
@@ -315,21 +250,14 @@ class Namespace:
         old = self.cache.get(bucket, key)
         if old is None or old is keep or not old.dirty:
             return
-        self._unschedule(old)
+        self.uploads.unschedule(old)
         self.dirty.discard(old)
-        for vs in self.views:
-            if vs.bucket == bucket:
-                p = vs.overlay.get(key)
-                if p is not None and p.kind == "local":
-                    del vs.overlay[key]
-                node = self._find(vs, key) if vs is not dst_vs else None
-                if node is not None and not node.is_dir and not node.etag:
-                    self._delete(vs, key, remote=False)
+        self.tree.drop_local(bucket, key, None, skip=dst_vs)
 
     async def _rename_file(self, node: File, dst: Dir, name: str, target: Node | None) -> None:
         src_vs, dst_vs = node.parent.view, dst.view
         sb, sk = src_vs.bucket, node.key
-        dk = self._key_for(dst, dst_vs, name)
+        dk = key_for(dst, dst_vs, name)
         if (sb, sk) == (dst_vs.bucket, dk):
             if dst_vs.by is not None and dst is not node.parent:
                 return  # the same object in another directory of a layout by properties: a retag
@@ -339,21 +267,21 @@ class Namespace:
         await self._relocate(node, dst_vs, dk, target, result)
         if node.gone or node.key != sk:
             return  # changed meanwhile: the next refresh shows what is there
-        src_vs.overlay.pop(sk, None)
-        self._move(node, dst, name)
-        self._local_delete(sb, sk, also=src_vs)
+        self.tree.forget_pending(src_vs, sk)
+        self.tree.move(node, dst, name)
+        self.tree.local_delete(sb, sk, also=src_vs)
         entry = result.get("dirty")
         if entry is not None:
-            self._dirtied(dst_vs, node, entry)
+            self.tree.dirtied(dst_vs, node, entry)
             if entry.writers == 0:
                 if self.eager:
-                    self._schedule(entry)
+                    self.uploads.schedule(entry)
                 else:
-                    await self._upload(entry)  # a tmp file renamed to its final name: uploaded now
+                    await self.uploads.upload(entry)  # a tmp file renamed to its final name: uploaded now
             return
         obj = result["obj"]
         node.etag, node.size = obj["etag"], obj["size"]
-        self._local_put(dst_vs.bucket, dk, obj, result["tags"])
+        self.tree.local_put(dst_vs.bucket, dk, obj, result["tags"])
 
     async def _rename_dir(self, d: Dir, dst: Dir, name: str) -> None:
         """Every object below ``d`` is moved (copy + delete, 16 at a time): not atomic.
@@ -388,33 +316,31 @@ class Namespace:
             for f, dk in files:
                 nursery.start_soon(one, f, dk)
         if not errors and not d.gone:
-            self._move(d, dst, name)
+            self.tree.move(d, dst, name)
             for f, sk, dk, r in results:
-                vs.overlay.pop(sk, None)
-                self._local_delete(vs.bucket, sk, also=vs)
+                self.tree.forget_pending(vs, sk)
+                self.tree.local_delete(vs.bucket, sk, also=vs)
                 if r.get("dirty") is not None:
-                    self._dirtied(vs, f, r["dirty"])
+                    self.tree.dirtied(vs, f, r["dirty"])
                 else:
                     f.etag, f.size = r["obj"]["etag"], r["obj"]["size"]
-                    self._local_put(vs.bucket, dk, r["obj"], r["tags"])
+                    self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
         else:
             for f, sk, dk, r in results:
-                vs.overlay.pop(sk, None)
-                self._local_delete(vs.bucket, sk, also=vs)
+                self.tree.forget_pending(vs, sk)
+                self.tree.local_delete(vs.bucket, sk, also=vs)
                 if r.get("dirty") is not None:
                     e = r["dirty"]
-                    n = self._put(vs, {"key": dk, "size": e.size, "mtime": time.time(), "etag": ""},
-                                  notify=True, remote=False)
-                    vs.overlay[dk] = Pending("local", None, math.inf)
+                    n = self.tree.show_dirty(vs, e, notify=True)
                     if n is None:
                         log.warning("rename: %s moved to %s, not shown here", sk, dk)
                 else:
-                    self._local_put(vs.bucket, dk, r["obj"], r["tags"])
+                    self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
         for f, sk, dk, r in results:
             e = r.get("dirty")
             if e is not None and e.writers == 0:
                 try:
-                    await self._upload(e)
+                    await self.uploads.upload(e)
                 except FsError as exc:
                     errors.append(exc)
         if errors:

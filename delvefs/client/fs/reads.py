@@ -18,48 +18,34 @@ an inode when the ETag it was served is still the node's.
 """
 from __future__ import annotations
 
-import errno
 import os
 
-import trio
-
-from ..datacache import CacheEntry, Fetch
-from ..errors import FsError, StoreError, cache_failure, read_failed, read_only, store_failure
-from .inodes import File
-
-
-class FileHandle:
-    __slots__ = ("node", "entry", "fd", "lock", "writer", "next_off", "window", "ahead",
-                 "fetches")
-
-    def __init__(self, node: File, writer: bool = False):
-        self.node = node
-        self.entry: CacheEntry | None = None
-        self.fd: int | None = None
-        self.lock = trio.Lock()
-        self.writer = writer  # opened for writing: ``entry`` is the dirty local copy
-        self.next_off = 0     # where a sequential read would continue
-        self.window = 0       # read-ahead window (0: none yet)
-        self.ahead = 0        # bytes before it are fetched or being fetched
-        self.fetches: list[Fetch] = []  # the read-ahead's fetches (cancelled at close)
+from ..datacache import CacheEntry
+from ..errors import StoreError, cache_failure, read_failed, store_failure
+from .handles import FileHandle, Handles
+from .inodes import InodeTable
+from .tree import Tree
+from .uploads import Uploads
 
 
 class Reads:
-    """open / read / release of :class:`delvefs.client.fs.core.FileSystem`."""
+    """open (for reading), read and release of file handles."""
 
-    async def open(self, ino: int, flags: int) -> tuple[int, bool]:
-        """A handle and whether the kernel may keep pages it cached for this inode."""
-        node = self._node(ino)
-        if node.is_dir:
-            raise FsError(errno.EISDIR)
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-            vs = node.parent.view
-            if not vs.writable:
-                raise read_only(vs.name)
-            return await self._open_writer(node, truncate=bool(flags & os.O_TRUNC)), False
-        fh = next(self._fh)
-        self.files[fh] = FileHandle(node)
-        return fh, self._served.get(ino) == node.etag
+    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, uploads: Uploads,
+                 dirty, cache, store):
+        self.table = table
+        self.handles = handles
+        self.tree = tree
+        self.uploads = uploads
+        self.dirty = dirty
+        self.cache = cache
+        self.store = store
+
+    def open(self, node) -> tuple[int, bool]:
+        """A reading handle of ``node`` and whether the kernel may keep pages it cached for
+        this inode."""
+        fh = self.handles.add_file(FileHandle(node))
+        return fh, self.tree.serves(node.ino, node.etag)
 
     async def _ready(self, h: FileHandle, off: int, size: int) -> int:
         async with h.lock:
@@ -81,17 +67,15 @@ class Reads:
             h.entry = entry
             if info is not None and (info["etag"] != node.etag or info["size"] != node.size):
                 # S3 is ahead of the listing: show what was read
-                node = self._object_changed(node, info["size"],
+                node = self.tree.object_changed(node, info["size"],
                                             int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
                                             info["etag"])
             if entry.etag == node.etag and not entry.dirty:
-                self._served[node.ino] = entry.etag
+                self.tree.served(node.ino, entry.etag)
             return h.fd
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        h = self.files.get(fh)
-        if h is None:
-            raise FsError(errno.EBADF)
+        h = self.handles.file(fh)
         fd = h.fd if h.fd is not None else await self._ready(h, off, size)
         entry = h.entry
         end = min(off + size, entry.size)
@@ -101,13 +85,8 @@ class Reads:
                 try:
                     await self.cache.ensure(self.store, entry, off, end)
                 except StoreError as exc:
-                    node = h.node
-                    if not entry.dirty and self._served.get(node.ino) == entry.etag:
-                        # S3 no longer has this version: the pages the kernel keeps of it
-                        # must not be served to the next open
-                        del self._served[node.ino]
-                        if node.nlookup:
-                            self.notifier.inode(node.ino)
+                    if not entry.dirty:
+                        self.tree.version_gone(h.node, entry.etag)
                     raise read_failed(exc, entry) from exc
             # nothing awaited since ``ensure`` made sure of the bytes: none was evicted
             self.cache.touch(entry, off, end)
@@ -138,7 +117,7 @@ class Reads:
             h.fetches += cache.prefetch(self.store, entry, start, h.ahead)
 
     async def release(self, fh: int) -> None:
-        h = self.files.pop(fh, None)
+        h = self.handles.files.pop(fh, None)
         if h is None:
             return
         if h.fd is not None:
@@ -152,5 +131,5 @@ class Reads:
             if h.writer:
                 self.dirty.drop_writer(entry)
                 if entry.dirty and entry.writers == 0 and not h.node.gone:
-                    self._schedule(entry)  # the flush could not upload it: retried
+                    self.uploads.schedule(entry)  # the flush could not upload it: retried
             self.cache.release(entry)

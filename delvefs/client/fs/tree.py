@@ -1,13 +1,18 @@
-"""Edits of the directory tree: what the views show, changed without an await.
+"""The tree: what the views show, changed without an await (:class:`Tree`).
 
-Tree edits (``_put``, ``_delete``, sweeps) never await, so an operation never sees a
+The tree part owns the inode table's shape, the views' overlays and layout maps, the
+directories made by mkdir that no object lies below yet (``local_dirs``) and which ETag's
+pages the kernel may keep for an inode (``served``). Other parts change the tree through
+its methods only.
+
+Tree edits (``put``, ``delete``, sweeps) never await, so an operation never sees a
 half-applied change; a listing page or a batch of changes is applied in one go. Every
 change that the kernel may have cached is sent to the ``notifier`` (invalidate an entry /
 an inode); the adapter delivers those from a separate task, never from inside a request
 handler.
 
 Read your writes: after each local change the core applies it to every view of the
-bucket at once (``_local_put`` / ``_local_delete``) and records it in the view's
+bucket at once (``local_put`` / ``local_delete``) and records it in the view's
 ``overlay`` (key -> :class:`Pending`). Changes from the handler (listing pages, deltas)
 for an overlay key are ignored until they confirm it — a put with the uploaded ETag, a
 delete — or until ``overlay_bound`` passes; a dirty file (``local``) always wins.
@@ -15,10 +20,10 @@ delete — or until ``overlay_bound`` passes; a dirty file (``local``) always wi
 Layout by properties (``vs.by``): where a file goes depends on the object's property
 values, not on its key alone. ``vs.values`` holds each key's values as last known (the
 ``properties`` the handler's listings and changes carry for such a view, or this mount's
-own tags), ``vs.placed`` the directories its file is in now; ``_put`` moves a file whose
+own tags), ``vs.placed`` the directories its file is in now; ``put`` moves a file whose
 values changed to its new directory (same inode). What the write side
-needs: ``_implied_tags`` (tags of a file created in a directory), ``_mkdir_property``,
-``_retag_into`` (a file moved to another directory).
+needs: ``implied_tags`` (tags of a file created in a directory), ``mkdir_property``,
+``layout_dir_tags`` (a file moved to another directory takes its values as tags).
 """
 from __future__ import annotations
 
@@ -29,52 +34,55 @@ import time
 import trio
 
 from ..errors import FsError
-from .inodes import ROOT_INODE, Dir, File, Node, dir_value, key_path, layout_values, value_dir
-from .views import ViewState
-
-OVERLAY_BOUND = 120.0  # seconds a local change outranks the handler's view of it (at most)
-
-
-class Pending:
-    """One local change of a view not yet confirmed by the handler (the overlay).
-    ``local``: a dirty file (its local content wins until uploaded); ``put``: uploaded
-    with ``etag`` (retired when a change with that ETag arrives); ``delete``: gone
-    (retired when the handler reports the key gone). ``earlier``: the ETags of this
-    mount's earlier uploads of the key whose changes have not arrived yet, oldest first —
-    the change of an earlier upload of the same content must not retire a later one."""
-
-    __slots__ = ("kind", "etag", "deadline", "earlier")
-
-    def __init__(self, kind: str, etag: str | None, deadline: float, earlier: tuple = ()):
-        self.kind = kind
-        self.etag = etag
-        self.deadline = deadline
-        self.earlier = earlier[-EARLIER_KEPT:]
-
-    def unconfirmed(self) -> tuple:
-        """The ETags of this mount's uploads still to be confirmed, oldest first."""
-        if self.kind == "put":
-            return (*self.earlier, self.etag)
-        return self.earlier if self.kind == "local" else ()
-
-
-EARLIER_KEPT = 32  # an older upload forgotten: its change is ignored until the bound anyway
-
-
-def local_pending(previous: Pending | None) -> Pending:
-    """The overlay entry of a file being written (dirty) that was ``previous``."""
-    return Pending("local", None, math.inf, previous.unconfirmed() if previous else ())
+from .catalog import EARLIER_KEPT, Pending, ViewCatalog, ViewState, local_pending
+from .handles import Handles
+from .inodes import (ROOT_INODE, Dir, File, InodeTable, Node, dir_value, key_path,
+                     layout_values, value_dir)
 
 
 class Tree:
-    """The tree edits of :class:`delvefs.client.fs.core.FileSystem` (never await)."""
+    """The directory tree of the views (never awaits)."""
 
-    # the kernel's writeback cache is on (set by the FUSE adapter: eager mode); see
-    # ``_object_changed``
-    writeback_cache = False
+    def __init__(self, table: InodeTable, catalog: ViewCatalog, handles: Handles, cache,
+                 notifier, settings):
+        self.table = table
+        self.catalog = catalog
+        self.handles = handles
+        self.cache = cache
+        self.notifier = notifier
+        self.overlay_bound = settings.overlay_bound
+        # the kernel's writeback cache is on (eager mode); see ``object_changed``
+        self.writeback_cache = settings.writeback_cache
+        self.local_dirs: set[int] = set()  # inos of mkdir'ed dirs no object lies below yet
+        self._served: dict[int, str] = {}  # ino -> ETag whose bytes the kernel may cache
+        now_ns = time.time_ns()
+        for vs in catalog:
+            vs.top = table.new_dir(table.root, vs.name, vs, vs.root, now_ns)
+
+    # ------------------------------------------------------------ the kernel's pages
+
+    def serves(self, ino: int, etag: str) -> bool:
+        """Whether the kernel may keep the pages it cached of ``ino`` (an open)."""
+        return self._served.get(ino) == etag
+
+    def served(self, ino: int, etag: str) -> None:
+        self._served[ino] = etag
+
+    def unserve(self, ino: int) -> None:
+        self._served.pop(ino, None)
+
+    def version_gone(self, node: File, etag: str) -> None:
+        """S3 no longer has version ``etag`` of ``node``: the pages the kernel keeps of it
+        must not be served to the next open."""
+        if self._served.get(node.ino) == etag:
+            del self._served[node.ino]
+            if node.nlookup:
+                self.notifier.inode(node.ino)
 
     def _known(self, d: Dir) -> bool:
         return d.nlookup > 0 or d.ino == ROOT_INODE
+
+    # ------------------------------------------------------------ paths and overlay
 
     def _path(self, vs: ViewState, key: str) -> tuple[list[str], str] | None:
         """(directory segments, file name) of ``key`` in ``vs``, None when not shown (in a
@@ -121,8 +129,26 @@ class Tree:
             return False
         return True
 
-    def _put(self, vs: ViewState, obj: dict, *, notify: bool, remote: bool = True,
-             written: bool = False) -> File | None:
+    def forget_pending(self, vs: ViewState, key: str) -> None:
+        """The overlay of ``vs`` no longer holds a change of ``key``."""
+        vs.overlay.pop(key, None)
+
+    def drop_local_pending(self, bucket: str, key: str) -> None:
+        """No view of ``bucket`` shows local content at ``key`` any more."""
+        for vs in self.catalog.of_bucket(bucket):
+            p = vs.overlay.get(key)
+            if p is not None and p.kind == "local":
+                del vs.overlay[key]
+
+    def pending_keys(self, vs: ViewState) -> set[str]:
+        """Keys this mount put in ``vs`` that the handler has not confirmed yet."""
+        now = trio.current_time()
+        return {k for k, p in vs.overlay.items() if p.kind != "delete" and p.deadline > now}
+
+    # ------------------------------------------------------------ showing objects
+
+    def put(self, vs: ViewState, obj: dict, *, notify: bool, remote: bool = True,
+            written: bool = False) -> File | None:
         """Show ``obj`` in ``vs`` (``notify``: tell the kernel of a new name; ``written``: the
         kernel holds this very content, written through the file: no inode invalidation)."""
         if remote and vs.overlay and self._stale(vs, obj["key"], obj):
@@ -186,12 +212,21 @@ class Tree:
             return None
         elif existing.etag != etag or existing.size != size or existing.mtime_ns != mtime_ns:
             if not written:
-                return self._object_changed(existing, size, mtime_ns, etag)
+                return self.object_changed(existing, size, mtime_ns, etag)
             existing.size, existing.mtime_ns, existing.etag = size, mtime_ns, etag
             self._served.pop(existing.ino, None)  # the next open drops the kernel's pages
         return existing
 
-    def _object_changed(self, node: File, size: int, mtime_ns: int, etag: str) -> File:
+    def show_dirty(self, vs: ViewState, entry, *, notify: bool) -> File | None:
+        """Show a dirty file (recovered, a conflict copy, moved into a changed view) in
+        ``vs``: its local content wins over the handler's view of the key."""
+        node = self.put(vs, {"key": entry.key, "size": entry.size, "mtime": time.time(),
+                             "etag": ""}, notify=notify, remote=False)
+        if node is not None and not node.is_dir:
+            vs.overlay[entry.key] = Pending("local", None, math.inf)
+        return node
+
+    def object_changed(self, node: File, size: int, mtime_ns: int, etag: str) -> File:
         """``node``'s object is another version now (not one the kernel wrote through it):
         the kernel must drop what it cached. With the writeback cache the kernel keeps the
         size and mtime of an inode it holds whatever the mount answers, so a held file of
@@ -201,7 +236,7 @@ class Tree:
         (a copy, a rewrite): the same inode, its pages dropped; only its mtime stays the
         kernel's. Returns the file now in the tree."""
         if self.writeback_cache and size != node.size and node.nlookup and not node.gone \
-                and not any(h.writer and h.node is node for h in self.files.values()):
+                and not self.handles.writing(node):
             parent, name = node.parent, node.name
             self.table.detach(node)  # stays in the table until the kernel forgets it
             self._served.pop(node.ino, None)
@@ -213,6 +248,25 @@ class Tree:
         if node.nlookup:
             self.notifier.inode(node.ino)
         return node
+
+    def dirtied(self, vs: ViewState, node: File, entry) -> None:
+        """``node`` of ``vs`` is written through its dirty ``entry`` now."""
+        vs.overlay[entry.key] = local_pending(vs.overlay.get(entry.key))
+        self._served.pop(node.ino, None)
+        node.size = entry.size
+        node.mtime_ns = time.time_ns()
+        self.sizes(entry)
+
+    def sizes(self, entry) -> None:
+        """The entry's size on the nodes of its key in every view that shows the local
+        content (a file opened through several views)."""
+        now = time.time_ns()
+        for vs in self.catalog.of_bucket(entry.bucket):
+            p = vs.overlay.get(entry.key)
+            if p is not None and p.kind == "local":
+                node = self.find(vs, entry.key)
+                if node is not None and not node.is_dir:
+                    node.size, node.mtime_ns = entry.size, now
 
     # ------------------------------------------------------- layout by properties
 
@@ -240,7 +294,7 @@ class Tree:
         values = vs.values.get(key)
         if dirs is None or values is None or list(dirs) == [self._value_dir(vs, v) for v in values]:
             return None
-        node = self._find(vs, key)
+        node = self.find(vs, key)
         del vs.placed[key]
         if node is None or node.is_dir:
             return None
@@ -250,7 +304,7 @@ class Tree:
         if self._known(parent):
             self.notifier.entry(parent.ino, node.name)
         self._served.pop(node.ino, None)
-        self._prune(parent)
+        self.prune(parent)
         return node
 
     def _dir_values(self, d: Dir) -> list[str | None] | None:
@@ -265,7 +319,7 @@ class Tree:
             d = d.parent
         return [dir_value(n, vs.long_names) for n in reversed(names)]
 
-    def _layout_dir_tags(self, d: Dir) -> dict | None:
+    def layout_dir_tags(self, d: Dir) -> dict | None:
         """What a file in ``d``, a directory of a layout by properties, has as tags:
         ``{"values", "tags", "untag"}`` (``_unset``: the tag removed); None in other layouts.
         EPERM above the last level."""
@@ -280,31 +334,24 @@ class Tree:
                 "tags": {name: v for name, v in zip(vs.layout_by, values) if v is not None},
                 "untag": sorted(name for name, v in zip(vs.layout_by, values) if v is None)}
 
-    async def _retag_into(self, node: File, d: Dir, implied: dict) -> None:
-        """A file moved (renamed) into ``d`` of a layout by properties takes its values as
-        tags (an object's tags: PutObjectTagging; a dirty file's: at its upload)."""
-        vs = d.view
-        if node.gone or node.parent.view is not vs:
-            return
-        key = node.key
-        if vs.values.get(key) == implied["values"]:
-            return
-        tags, _ = await self._properties(node)
-        untag = tuple(t for t in tags if t.lower() in implied["untag"])
-        if node.parent is not d:
-            self._keep_dir(node.parent)  # as after any rename out of it: stays until rmdir
-        await self._retag(node, implied["tags"], untag)
-        if not node.gone and vs.values.get(key) != implied["values"]:
-            # a dirty file (tagged at its upload), or a value that is user metadata
-            vs.values[key] = implied["values"]
-            self._put(vs, {"key": key, "size": node.size, "mtime": node.mtime_ns / 1e9,
-                           "etag": node.etag}, notify=True, remote=False, written=True)
+    def values_of(self, vs: ViewState, key: str) -> tuple | None:
+        """The property values ``key`` is placed by in ``vs`` (a layout by properties)."""
+        return vs.values.get(key)
 
-    def _implied_tags(self, parent: Dir, key: str) -> dict | None:
+    def place(self, node: File, values: tuple) -> None:
+        """A file of a layout by properties goes where ``values`` say (a dirty file retagged:
+        tagged at its upload; a value that is user metadata)."""
+        vs = node.parent.view
+        if not node.gone and vs.values.get(node.key) != values:
+            vs.values[node.key] = values
+            self.put(vs, {"key": node.key, "size": node.size, "mtime": node.mtime_ns / 1e9,
+                          "etag": node.etag}, notify=True, remote=False, written=True)
+
+    def implied_tags(self, parent: Dir, key: str) -> dict | None:
         """A file created in ``parent``, a directory of a layout by properties, gets its
         directories' values as tags: ``{"tags", "untag"}`` for its dirty record; None in
         other layouts. EPERM above the last level; EEXIST when the key is in another one."""
-        implied = self._layout_dir_tags(parent)
+        implied = self.layout_dir_tags(parent)
         if implied is None:
             return None
         vs = parent.view
@@ -316,7 +363,7 @@ class Tree:
         vs.values[key] = values
         return implied
 
-    def _mkdir_property(self, parent: Dir, name: str) -> Dir:
+    def mkdir_property(self, parent: Dir, name: str) -> Dir:
         """mkdir in a layout by properties: a directory for a property value (EINVAL for a
         name no value has; EPERM below the last level). It exists in this mount only until a
         file lands in it, like any mkdir'ed directory."""
@@ -331,20 +378,19 @@ class Tree:
             raise FsError(errno.EINVAL, str(exc)) from None
         if name in parent.children:
             raise FsError(errno.EEXIST)
-        d = self.table.new_dir(parent, name, vs, parent.prefix, time.time_ns())
-        self.local_dirs.add(d.ino)
-        self.table.ref(d)
-        return d
+        return self.mkdir_local(parent, name, parent.prefix)
 
-    def _delete(self, vs: ViewState, key: str, *, remote: bool = True, notify: bool = True) -> None:
+    # ------------------------------------------------------------ removing
+
+    def delete(self, vs: ViewState, key: str, *, remote: bool = True, notify: bool = True) -> None:
         if remote and vs.overlay and self._stale(vs, key, None):
             return
         if vs.by is not None:
-            node = self._find(vs, key)
+            node = self.find(vs, key)
             vs.values.pop(key, None)
             vs.placed.pop(key, None)
             if node is not None and not node.is_dir:
-                self._remove(node, notify)
+                self.remove(node, notify)
             return
         path = self._path(vs, key)
         if path is None:
@@ -363,23 +409,23 @@ class Tree:
         if node.is_dir:
             node.shadow = None
             return
-        self._remove(node, notify)
+        self.remove(node, notify)
 
-    def _remove(self, node: File, notify: bool = True) -> None:
+    def remove(self, node: File, notify: bool = True) -> None:
         parent = node.parent
         vs = parent.view
         if vs is not None and vs.by is not None:
             key = node.key
-            if vs.placed.get(key) is not None and self._find(vs, key) is node:
+            if vs.placed.get(key) is not None and self.find(vs, key) is node:
                 del vs.placed[key]
                 vs.values.pop(key, None)
         self.table.detach(node)
         if notify and self._known(parent):
             self.notifier.entry(parent.ino, node.name)
         self.cache.forget(parent.view.bucket, node.key)
-        self._prune(parent)
+        self.prune(parent)
 
-    def _prune(self, d: Dir) -> None:
+    def prune(self, d: Dir) -> None:
         """Remove empty virtual directories upward (a view's top always stays)."""
         while d.parent is not None and d.parent.ino != ROOT_INODE and not d.children \
                 and d.ino not in self.local_dirs:
@@ -393,7 +439,7 @@ class Tree:
                 self.notifier.entry(parent.ino, d.name)
             d = parent
 
-    def _sweep(self, vs: ViewState, seen: set[str]) -> None:
+    def sweep(self, vs: ViewState, seen: set[str]) -> None:
         """After a relist: remove files whose keys the listing did not contain."""
         stack = [vs.top]
         doomed = []
@@ -408,13 +454,13 @@ class Tree:
                     doomed.append(child)
         for f in doomed:
             if not f.gone:
-                self._remove(f)
+                self.remove(f)
         if vs.by is not None:
             for known in (vs.values, vs.placed):
                 for key in [k for k in known if k not in seen]:
                     del known[key]
 
-    def _find(self, vs: ViewState, key: str) -> Node | None:
+    def find(self, vs: ViewState, key: str) -> Node | None:
         if vs.by is not None:  # where its file is (its values may have changed meanwhile)
             dirs = vs.placed.get(key)
             rel = key_path(vs.root, True, key)
@@ -430,21 +476,21 @@ class Tree:
                 return None
         return d.children.get(path[1]) if path[1] else d
 
-    def _local_put(self, bucket: str, key: str, obj: dict, tags: dict, *,
-                   keep_local: bool = False, quiet: ViewState | None = None) -> None:
+    # ------------------------------------------------------------ this mount's changes
+
+    def local_put(self, bucket: str, key: str, obj: dict, tags: dict, *,
+                  keep_local: bool = False, quiet: ViewState | None = None) -> None:
         """Show an object this mount just wrote/copied/retagged in every view of ``bucket``
         it matches (and remove it from those it no longer matches), at once."""
         now = trio.current_time()
         deadline = now + self.overlay_bound
-        for vs in self.views:
-            if vs.bucket != bucket:
-                continue
+        for vs in self.catalog.of_bucket(bucket):
             p = vs.overlay.get(key)
             if keep_local and p is not None and p.kind == "local":
                 if p.earlier[-1:] != (obj["etag"],):
                     p.earlier = (*p.earlier, obj["etag"])[-EARLIER_KEPT:]
                 continue
-            if self.can_match(vs, key, obj["size"], tags):
+            if self.catalog.can_match(vs, key, obj["size"], tags):
                 earlier = p.unconfirmed() if p is not None and p.deadline > now else ()
                 if earlier[-1:] == (obj["etag"],):  # the same version again (a retag): one change
                     earlier = earlier[:-1]
@@ -452,25 +498,129 @@ class Tree:
                 if vs.by is not None:  # placed by the tags it has now (metadata: as listed)
                     obj = {**obj, "properties": {**(obj.get("metadata") or {}), **tags}}
                 # ``quiet``: the view written through; the kernel knows that file already
-                self._put(vs, obj, notify=vs is not quiet, remote=False, written=vs is quiet)
+                self.put(vs, obj, notify=vs is not quiet, remote=False, written=vs is quiet)
             else:
-                present = self._find(vs, key) is not None
+                present = self.find(vs, key) is not None
                 vs.overlay.pop(key, None)
-                self._delete(vs, key, remote=False)
+                self.delete(vs, key, remote=False)
                 if present or p is not None:
                     vs.overlay[key] = Pending("delete", None, deadline)
 
-    def _local_delete(self, bucket: str, key: str, also: ViewState | None = None,
-                      quiet: bool = False) -> None:
+    def local_delete(self, bucket: str, key: str, also: ViewState | None = None,
+                     quiet: bool = False) -> None:
         """This mount deleted (or moved away) ``key``: gone from every view at once
         (``quiet``: the kernel removed the entry of ``also`` itself)."""
         deadline = trio.current_time() + self.overlay_bound
-        for vs in self.views:
-            if vs.bucket != bucket:
-                continue
+        for vs in self.catalog.of_bucket(bucket):
             p = vs.overlay.pop(key, None)
-            node = self._find(vs, key)
+            node = self.find(vs, key)
             if node is not None and not node.is_dir:
-                self._delete(vs, key, remote=False, notify=not (quiet and vs is also))
+                self.delete(vs, key, remote=False, notify=not (quiet and vs is also))
             if node is not None or p is not None or vs is also:
                 vs.overlay[key] = Pending("delete", None, deadline)
+
+    def drop_local(self, bucket: str, key: str, also: ViewState | None, *,
+                   skip: ViewState | None = None) -> None:
+        """A file S3 never had is gone: its local nodes go, and nothing else — an object of
+        that key (another writer's) stays shown wherever it is (``also``: the kernel
+        removed that view's entry itself; ``skip``: that view's node stays, a rename's
+        destination)."""
+        for vs in self.catalog.of_bucket(bucket):
+            p = vs.overlay.get(key)
+            if p is not None and p.kind == "local":
+                del vs.overlay[key]
+            node = self.find(vs, key) if vs is not skip else None
+            if node is not None and not node.is_dir and not node.etag:
+                self.delete(vs, key, remote=False, notify=vs is not also)
+
+    def unshadow(self, bucket: str, key: str) -> None:
+        """The object ``key`` is gone: a directory of its name in any view no longer hides
+        it (it must not show again when the directory goes)."""
+        for vs in self.catalog.of_bucket(bucket):
+            if vs.by is None:
+                d = self.find(vs, key)
+                if d is not None and d.is_dir and d.shadow is not None and d.shadow.key == key:
+                    d.shadow = None
+
+    # ------------------------------------------------------------ directories
+
+    def mkdir_local(self, parent: Dir, name: str, prefix: str) -> Dir:
+        """A directory made by mkdir: in this mount only until an object lies below it
+        (its lookup count + 1)."""
+        d = self.table.new_dir(parent, name, parent.view, prefix, time.time_ns())
+        self.local_dirs.add(d.ino)
+        self.table.ref(d)
+        return d
+
+    def is_local_dir(self, d: Dir) -> bool:
+        return d.ino in self.local_dirs
+
+    def keep_dir(self, d: Dir) -> None:
+        """``d`` is about to lose its last entry through this mount (unlink, rename): it
+        stays, as if mkdir'ed, until rmdir (rm -r removes a file, then its directory)."""
+        if len(d.children) == 1 and d.view is not None and d is not d.view.top:
+            self.local_dirs.add(d.ino)
+
+    def remove_dir(self, d: Dir) -> None:
+        """rmdir of the empty directory ``d`` (a file it hid shows again)."""
+        parent = d.parent
+        self.keep_dir(parent)
+        self.local_dirs.discard(d.ino)
+        self.table.detach(d)
+        if d.shadow is not None:
+            d.shadow.gone = False
+            parent.children[d.name] = d.shadow
+            parent.changed()
+        self.prune(parent)
+
+    def move(self, node: Node, dst: Dir, name: str) -> None:
+        """Move ``node`` (keeping its inode) to ``dst``/``name``, replacing what is there."""
+        self.keep_dir(node.parent)
+        target = dst.children.get(name)
+        if target is not None and target is not node:
+            self.table.detach(target)
+        old = node.parent
+        shadow = node.shadow if node.is_dir else None  # a file it hid stays where it is
+        if old.children.get(node.name) is node:
+            del old.children[node.name]
+            old.changed()
+            if shadow is not None:
+                node.shadow = None
+                shadow.gone = False
+                old.children[node.name] = shadow
+        node.name = name
+        node.parent = dst
+        dst.children[name] = node
+        dst.changed()
+        node.gone = False
+        if self.local_dirs and not node.is_dir:
+            d = dst
+            while d is not None:
+                self.local_dirs.discard(d.ino)
+                d = d.parent
+        if node.is_dir:  # keys below it changed: fix the prefixes of its subtree
+            stack = [node]
+            while stack:
+                d = stack.pop()
+                d.prefix = d.parent.prefix + d.name + "/"
+                stack.extend(c for c in d.children.values() if c.is_dir)
+        self._served.pop(node.ino, None)
+        self.prune(old)
+
+    # ------------------------------------------------------------ views come and go
+
+    def retire_view(self, vs: ViewState) -> None:
+        """A reload dropped or replaced ``vs``: its directory (and what was mkdir'ed below
+        it) leaves the tree; open files keep working."""
+        stack = [vs.top]
+        while stack:
+            d = stack.pop()
+            self.local_dirs.discard(d.ino)
+            stack.extend(c for c in d.children.values() if c.is_dir)
+        self.table.detach(vs.top)
+        self.notifier.entry(ROOT_INODE, vs.name)
+
+    def add_view(self, vs: ViewState) -> None:
+        """A reload added ``vs``: its (empty) directory under the root."""
+        vs.top = self.table.new_dir(self.table.root, vs.name, vs, vs.root, time.time_ns())
+        self.notifier.entry(ROOT_INODE, vs.name)

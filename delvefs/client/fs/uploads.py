@@ -1,29 +1,34 @@
 """The write path's background: conditional whole-object uploads, conflicts, eager
 uploads and batched deletes, retries, recovery, shutdown.
 
-A dirty file's upload (``_upload``: the view's ``set`` tags merged in, Content-Type from
+The uploads part owns what is to be uploaded and how that went: the queue of dirty files
+the background uploads, their retries and failures, the conflict copies, the entries'
+locks and the parts of large files sent while they are written (``parts``).
+
+A dirty file's upload (``upload``: the view's ``set`` tags merged in, Content-Type from
 the name) is conditional on the version it was based on (If-Match / If-None-Match: *):
 when S3 has another version by then, the local copy is kept as a *conflict copy*
 ``NAME.conflict-<UTC time>`` beside it (a local file of this mount, never uploaded;
-``_conflict``) and the other writer's object stays. A file left dirty is retried by
+``conflict``) and the other writer's object stays. A file left dirty is retried by
 ``run_uploads`` with backoff. In eager mode ``run_uploads`` uploads up to
 ``upload_concurrency`` files at a time (holding back while requests keep coming), and
-unlinks queue their DELETEs for ``run_deletes`` (DeleteObjects batches). ``sync_all``
+unlinks queue their DELETEs (``delvefs.client.fs.deletes``). ``sync_all``
 (``delvefs sync``) waits for both; ``shutdown`` uploads the rest at unmount; ``recover``
 schedules what an earlier mount's journal left.
 
-A file whose key cannot match its view (``can_match``, the compiled matcher) is a
+A file whose key cannot match its view (``ViewCatalog.can_match``) is a
 *scratch* file: never uploaded until a rename gives it a matching name. After an upload
 the change is applied to every view of the bucket in this mount at once and kept in the
 views' overlay until the handler's delta shows it (by ETag) or ``overlay_bound`` passes
 (``delvefs.client.fs.tree``).
 
 Uploads, renames and unlinks of one dirty entry are serialized by the entry's lock
-(``_entry_lock``): an unlink or rename never races an upload into a junk object. An upload
-of a key whose DELETE is still queued sends that delete first (``_settle_delete``).
+(``entry_lock``): an unlink or rename never races an upload into a junk object. An upload
+of a key whose DELETE is still queued sends that delete first (``DeleteQueue.settle``).
 """
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import math
@@ -37,17 +42,59 @@ import trio
 from ..datacache import CacheEntry
 from ..errors import Changed, FsError, StoreError, store_failure
 from . import rebuild
-from .inodes import relative_path
-from .tree import Pending
-from .views import ViewState
+from .catalog import ViewCatalog
+from .deletes import DeleteQueue
+from .parts import PartStream
+from .properties import Properties, final_tags
+from .tree import Tree
 
 log = logging.getLogger(__name__)
 
 
 class Uploads:
-    """The background of the write path of :class:`delvefs.client.fs.core.FileSystem`."""
+    """The background of the write path: what is to be uploaded, and its uploads."""
 
-    def _schedule(self, entry: CacheEntry, *, failed: bool = False) -> None:
+    # Background uploads give way to the mount's requests (they compete for the loop and the
+    # CPU; measured: even 1-2 uploads beside an untar cost as much as 16): all of
+    # ``upload_concurrency`` run once no request came for ``upload_idle`` seconds or the
+    # backlog passes a bound (as the kernel's dirty_background_* limits), else
+    # ``upload_busy`` at a time. sync, fsync and unmount upload at once, whatever this says.
+    upload_idle = 0.075
+    upload_busy = 0
+    backlog_files = 1024
+    backlog_bytes = 256 << 20
+    backlog_age = 10.0
+
+    def __init__(self, store, cache, dirty, catalog: ViewCatalog, tree: Tree,
+                 properties: Properties, deletes: DeleteQueue, settings):
+        self.store = store
+        self.cache = cache
+        self.dirty = dirty
+        self.catalog = catalog
+        self.tree = tree
+        self.properties = properties
+        self.deletes = deletes
+        self.upload_concurrency = max(1, settings.upload_concurrency)
+        self.retry_initial = settings.retry_initial
+        self.retry_max = settings.retry_max
+        self._locks: dict[str, trio.Lock] = {}  # journal file name -> upload lock
+        self._pending: dict[str, CacheEntry] = {}   # dirty entries the uploader retries
+        self._retry: dict[str, tuple[float, float]] = {}  # file -> (next attempt, delay)
+        self._kick = trio.Event()
+        self._uploading: set[str] = set()        # files whose upload request runs now
+        self._failures: dict[str, str] = {}      # file -> why its last upload failed
+        self.conflicts: list[dict] = []          # conflict copies made by this mount
+        self._streams: dict = {}                 # file -> PartStream (parts sent while written)
+        self._bg: trio.Nursery | None = None     # the uploader's nursery (background sends)
+        # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
+        self._own_tags: collections.OrderedDict = collections.OrderedDict()
+        self._last_request = -math.inf
+        self.count = 0  # uploads done (statistics: tests, logs)
+
+    def entry_lock(self, entry: CacheEntry) -> trio.Lock:
+        return self._locks.setdefault(os.path.basename(entry.path), trio.Lock())
+
+    def schedule(self, entry: CacheEntry, *, failed: bool = False) -> None:
         name = os.path.basename(entry.path)
         self._pending[name] = entry
         if not entry.journaled:  # left to the background: must survive a crash now
@@ -61,43 +108,34 @@ class Uploads:
             self._retry[name] = (trio.current_time() + delay, delay)
         self._kick.set()
 
-    def _unschedule(self, entry: CacheEntry) -> None:
+    def unschedule(self, entry: CacheEntry) -> None:
         name = os.path.basename(entry.path)
-        self._drop_stream(entry)
+        self.drop_stream(entry)
         self._pending.pop(name, None)
         self._retry.pop(name, None)
         self._failures.pop(name, None)
 
     def _upload_failed(self, entry: CacheEntry, reason: str) -> None:
         self._failures[os.path.basename(entry.path)] = reason
-        self._schedule(entry, failed=True)
+        self.schedule(entry, failed=True)
 
-    def _final_tags(self, entry: CacheEntry, vs: ViewState | None, remote: dict | None) -> dict:
-        tags = dict(remote or {})
-        if vs is not None:
-            tags.update(vs.set)
-        tags.update(entry.meta.get("tags") or {})
-        for t in entry.meta.get("untag") or ():
-            tags.pop(t, None)
-        return tags
-
-    async def _upload(self, entry: CacheEntry) -> bool:
+    async def upload(self, entry: CacheEntry) -> bool:
         """Upload a dirty entry as its object, conditional on the version it is based on:
         True when uploaded (or clean already), False when it is a scratch file (its name
         cannot match its view) or a conflict copy. Raises FsError (one log line naming the
         object); the entry then stays dirty and is retried — or, when S3 has another
         version, is kept as a conflict copy (EIO)."""
-        async with self._entry_lock(entry):
+        async with self.entry_lock(entry):
             if not entry.dirty or entry.meta is None:
                 return True
             if entry.meta.get("conflict"):
                 return False
             bucket, key, meta = entry.bucket, entry.key, entry.meta
-            vs = self.by_name.get(meta.get("view"))
+            vs = self.catalog.get(meta.get("view"))
             base = meta.get("base")
             remote = None
             try:
-                await self._settle_delete(bucket, key)
+                await self.deletes.settle(bucket, key)
                 if base is None:  # a record without its base (an older journal): ask S3
                     try:
                         base = (await self.store.head(bucket, key))["etag"]
@@ -120,10 +158,10 @@ class Uploads:
                 await self._upload_error(entry, exc, "uploading (tags of)", bucket, key)
             if not entry.dirty or entry.meta is None:
                 return True
-            tags = self._final_tags(entry, vs, remote)
+            tags = final_tags(entry, vs, remote)
             size = entry.size
-            if vs is not None and not self.can_match(vs, key, size, tags):
-                self._unschedule(entry)
+            if vs is not None and not self.catalog.can_match(vs, key, size, tags):
+                self.unschedule(entry)
                 return False
             gen = entry.gen
             ctype = mimetypes.guess_type(key)[0] or "application/octet-stream"
@@ -135,8 +173,8 @@ class Uploads:
                 await self._upload_error(entry, exc, "uploading", bucket, key)
             finally:
                 self._uploading.discard(name)
-            self.uploads += 1
-            self._unschedule(entry)
+            self.count += 1
+            self.unschedule(entry)
             self._own_tags[(bucket, key)] = (info["etag"], tags)
             self._own_tags.move_to_end((bucket, key))
             if len(self._own_tags) > 4096:
@@ -148,17 +186,17 @@ class Uploads:
                 self.dirty.uploaded(entry, info["etag"])
             else:
                 self.dirty.rebased(entry, info["etag"], size)
-                self._schedule(entry)
-            self._props.clear()
-            self._local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs)
+                self.schedule(entry)
+            self.properties.clear()
+            self.tree.local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs)
             return True
 
     async def _upload_error(self, entry: CacheEntry, exc: StoreError, what: str, bucket: str,
-                      key: str) -> NoReturn:
+                            key: str) -> NoReturn:
         """An upload (or what it needed first) failed: S3 has another version (``Changed``):
         the entry becomes a conflict copy, EIO; else it stays dirty, to be retried."""
         if isinstance(exc, Changed):
-            await self._conflict(entry, str(exc))
+            await self.conflict(entry, str(exc))
             raise FsError(errno.EIO, str(exc), logged=True) from exc
         self._upload_failed(entry, str(exc))
         raise store_failure(exc, what, bucket, key) from exc
@@ -214,7 +252,7 @@ class Uploads:
         return await self.store.upload(entry.bucket, entry.key, entry.path, size=size,
                                        tags=tags, content_type=ctype, base=base)
 
-    async def _conflict(self, entry: CacheEntry, reason: str) -> None:
+    async def conflict(self, entry: CacheEntry, reason: str) -> None:
         """S3 has another version of the entry's key than the one it was based on: the
         other writer's object stays; the local content becomes the conflict copy
         ``KEY.conflict-<UTC time>`` of this mount (shown beside it, never uploaded), and the
@@ -240,7 +278,7 @@ class Uploads:
             n += 1
             new_key = f"{key}.conflict-{stamp}-{n}"
         view = entry.meta.get("view")
-        self._unschedule(entry)
+        self.unschedule(entry)
         self.dirty.rekey(entry, bucket, new_key)
         self.dirty.update_record(entry, conflict={"key": key, "at": stamp, "reason": reason},
                                  base="")
@@ -248,41 +286,33 @@ class Uploads:
             self.dirty.journal(entry)
         except StoreError as exc:
             log.warning("journal of conflict copy %s/%s: %s", bucket, new_key, exc)
-        vs = self.by_name.get(view)
-        path = f"{vs.name}/{relative_path(vs, new_key) or new_key}" if vs else f"{bucket}/{new_key}"
+        vs = self.catalog.get(view)
+        path = self.catalog.path_of(bucket, new_key, view or "")
         self.conflicts.append({"path": path, "key": key, "bucket": bucket, "reason": reason,
                                "at": stamp})
         log.warning("conflict: %s/%s changed in S3 since this file was opened (%s): the other "
                     "version stays, this mount's copy is kept as %s (not uploaded)",
                     bucket, key, reason, path)
-        for v in self.views:
-            if v.bucket != bucket:
-                continue
-            p = v.overlay.get(key)
-            if p is not None and p.kind == "local":
-                del v.overlay[key]
-            if v is vs:
-                node = self._put(v, {"key": new_key, "size": entry.size, "mtime": time.time(),
-                                     "etag": ""}, notify=True, remote=False)
-                if node is not None and not node.is_dir:
-                    v.overlay[new_key] = Pending("local", None, math.inf)
+        self.tree.drop_local_pending(bucket, key)
+        if vs is not None and vs.bucket == bucket and not vs.retired:
+            self.tree.show_dirty(vs, entry, notify=True)
         # what S3 has at the key now (the other writer's version, or nothing)
         try:
             info = await self.store.head(bucket, key)
         except StoreError as exc:
             if exc.errno == errno.ENOENT:
-                self._local_delete(bucket, key)
+                self.tree.local_delete(bucket, key)
             return
         tags = {}
-        if self._needs_tags(bucket):
+        if self.catalog.needs_tags(bucket):
             try:
                 tags = await self.store.tags(bucket, key)
             except StoreError:
                 pass
-        self._local_put(bucket, key, {"key": key, "size": info["size"], "mtime": info["mtime"],
-                                      "etag": info["etag"]}, tags)
+        self.tree.local_put(bucket, key, {"key": key, "size": info["size"],
+                                          "mtime": info["mtime"], "etag": info["etag"]}, tags)
 
-    async def _keep_source(self, entry: CacheEntry, what: str) -> None:
+    async def keep_source(self, entry: CacheEntry, what: str) -> None:
         """The object a sparse dirty entry takes its missing bytes from is about to be
         deleted or replaced (a rename, an unlink while open, an overwrite): fetch them
         first; the entry is an ordinary local file afterwards. Raises FsError."""
@@ -298,10 +328,10 @@ class Uploads:
     async def run_uploads(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background: upload dirty files nobody writes to any more (eager closes, a flush
         that failed, journal recovery), ``upload_concurrency`` at a time (fewer while the
-        mount is busy: ``_upload_limit``), in the order they were queued; failures are retried with backoff (1 s doubling up to 60 s). Runs the
-        DELETE batcher (``run_deletes``) beside it."""
+        mount is busy: ``_upload_limit``), in the order they were queued; failures are
+        retried with backoff (1 s doubling up to 60 s). Runs the DELETE batches beside it."""
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.run_deletes)
+            await nursery.start(self.deletes.run)
             await nursery.start(self.cache.journal.run_removals)
             self._bg = nursery
             task_status.started()
@@ -309,7 +339,7 @@ class Uploads:
 
             async def one(name: str, entry: CacheEntry) -> None:
                 try:
-                    await self._upload(entry)
+                    await self.upload(entry)
                 except FsError:
                     pass  # logged, and scheduled again (or kept as a conflict copy)
                 except Exception:  # noqa: BLE001 — never let the uploader die
@@ -343,19 +373,7 @@ class Uploads:
                 with trio.move_on_at(next_at):
                     await kick.wait()
 
-    # Background uploads give way to the mount's requests (they compete for the loop and the
-    # CPU; measured: even 1-2 uploads beside an untar cost as much as 16): all of
-    # ``upload_concurrency`` run once no request came for ``upload_idle`` seconds or the
-    # backlog passes a bound (as the kernel's dirty_background_* limits), else
-    # ``upload_busy`` at a time. sync, fsync and unmount upload at once, whatever this says.
-    upload_idle = 0.075
-    upload_busy = 0
-    backlog_files = 1024
-    backlog_bytes = 256 << 20
-    backlog_age = 10.0
-    _last_request = -math.inf
-
-    def _request_seen(self) -> None:
+    def request_seen(self) -> None:
         """A create/write/close came (cheap: called for every write)."""
         self._last_request = trio.current_time()
 
@@ -371,96 +389,15 @@ class Uploads:
             return self.upload_concurrency
         return min(self.upload_busy, self.upload_concurrency)  # 0: none until idle
 
-    # ------------------------------------------------------------ deletes (eager)
-
-    def _queue_delete(self, bucket: str, key: str) -> None:
-        """Eager unlink: the DELETE is sent by ``run_deletes`` in a DeleteObjects batch."""
-        self._deletes[(bucket, key)] = {"since": time.time(), "at": 0.0, "delay": 0.0,
-                                        "error": None}
-        self._delete_kick.set()
-
-    async def _settle_delete(self, bucket: str, key: str) -> None:
-        """An upload of ``key`` waits until a queued DELETE of it has been sent (or raises
-        its failure): the delete must not remove the new object, nor the old one fail the
-        upload's condition."""
-        while (bucket, key) in self._deletes:
-            d = self._deletes[(bucket, key)]
-            if d["error"] is not None and d["at"] > trio.current_time():
-                raise StoreError(errno.EIO, f"the DELETE queued before it failed: {d['error']}")
-            self._delete_now = True
-            self._delete_kick.set()
-            await self._deletes_sent.wait()
-
-    async def run_deletes(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Background: send queued DELETEs in DeleteObjects batches of up to 1,000 keys per
-        bucket, once a batch is full or no unlink came for ``delete_gather`` seconds; a key
-        that failed is retried with backoff."""
-        task_status.started()
-        while True:
-            kick = self._delete_kick = trio.Event()
-            now = trio.current_time()
-            due = [k for k, d in self._deletes.items() if d["at"] <= now]
-            if not due:
-                later = [d["at"] for d in self._deletes.values()]
-                with trio.move_on_at(min(later, default=math.inf)):
-                    await kick.wait()
-                continue
-            if not self._delete_now and len(due) < 1000:
-                # gather: more unlinks usually follow (rm -r)
-                with trio.move_on_after(self.delete_gather):
-                    await kick.wait()
-                if self._delete_kick.is_set():
-                    continue
-            self._delete_now = False
-            await self._send_deletes()
-
-    async def _send_deletes(self) -> dict[tuple[str, str], str]:
-        """Send every due DELETE (batches of 1,000 per bucket, a few at once); the reason of
-        each one that failed."""
-        now = trio.current_time()
-        by_bucket: dict[str, list[str]] = {}
-        for (bucket, key), d in list(self._deletes.items()):
-            if d["at"] <= now:
-                by_bucket.setdefault(bucket, []).append(key)
-        failed: dict[tuple[str, str], str] = {}
-        limiter = trio.CapacityLimiter(4)
-
-        async def batch(bucket: str, keys: list[str]) -> None:
-            async with limiter:
-                errors = await self.store.delete_many(bucket, keys)
-            log.info("DeleteObjects %s: %d keys, %d failed", bucket, len(keys), len(errors))
-            for key in keys:
-                d = self._deletes.get((bucket, key))
-                exc = errors.get(key)
-                if exc is None or exc.errno == errno.ENOENT:
-                    self._deletes.pop((bucket, key), None)
-                    continue
-                failed[(bucket, key)] = str(exc)
-                if d is not None:
-                    log.warning("deleting %s/%s: %s", bucket, key, exc)
-                    d["error"] = str(exc)
-                    d["delay"] = min(self.retry_max, max(self.retry_initial, d["delay"] * 2))
-                    d["at"] = trio.current_time() + d["delay"]
-        async with trio.open_nursery() as nursery:
-            for bucket, keys in by_bucket.items():
-                for i in range(0, len(keys), 1000):
-                    nursery.start_soon(batch, bucket, keys[i:i + 1000])
-        sent, self._deletes_sent = self._deletes_sent, trio.Event()
-        sent.set()
-        return failed
-
     # ------------------------------------------------------- sync and status
 
     def _entry_path(self, entry: CacheEntry) -> str:
-        vs = self.by_name.get((entry.meta or {}).get("view"))
-        if vs is None:
-            return f"{entry.bucket}/{entry.key}"
-        return f"{vs.name}/{relative_path(vs, entry.key) or entry.key}"
+        return self.catalog.path_of(entry.bucket, entry.key, (entry.meta or {}).get("view") or "")
 
     def _scratch(self, entry: CacheEntry) -> bool:
-        vs = self.by_name.get(entry.meta.get("view"))
-        return vs is not None and not self.can_match(vs, entry.key, entry.size,
-                                                     self._final_tags(entry, vs, None))
+        vs = self.catalog.get(entry.meta.get("view"))
+        return vs is not None and not self.catalog.can_match(vs, entry.key, entry.size,
+                                                             final_tags(entry, vs, None))
 
     def upload_state(self, entry: CacheEntry) -> tuple[str, str | None]:
         """(state, reason) of a dirty entry: pending, uploading, failed or conflict."""
@@ -484,14 +421,9 @@ class Uploads:
             state, error = self.upload_state(entry)
             out.append({"path": self._entry_path(entry), "state": state, "error": error,
                         "size": entry.size, "since": entry.meta.get("since") or time.time()})
-        for (bucket, key), d in self._deletes.items():
-            path = f"{bucket}/{key}"
-            for vs in self.views:
-                rel = relative_path(vs, key) if vs.bucket == bucket else None
-                if rel is not None:
-                    path = f"{vs.name}/{rel}"
-                    break
-            out.append({"path": path, "state": "failed" if d["error"] else "pending",
+        for (bucket, key), d in self.deletes.queued.items():
+            out.append({"path": self.catalog.path_of(bucket, key),
+                        "state": "failed" if d["error"] else "pending",
                         "error": d["error"] and f"DELETE: {d['error']}", "size": 0,
                         "since": d["since"], "op": "delete"})
         return out
@@ -506,7 +438,7 @@ class Uploads:
         async def one(entry: CacheEntry) -> None:
             async with limiter:
                 try:
-                    await self._upload(entry)
+                    await self.upload(entry)
                 except FsError as exc:
                     if not (entry.meta or {}).get("conflict"):
                         failures.append(f"{self._entry_path(entry)}: {exc}")
@@ -514,11 +446,9 @@ class Uploads:
             for entry in self.dirty.entries():
                 if entry.writers == 0 and entry.meta is not None and not entry.meta.get("conflict"):
                     nursery.start_soon(one, entry)
-            if self._deletes:
-                for d in self._deletes.values():
-                    d["at"] = 0.0
-                nursery.start_soon(self._send_deletes)
-        for (bucket, key), d in self._deletes.items():
+            if self.deletes:
+                nursery.start_soon(self.deletes.send_all)
+        for (bucket, key), d in self.deletes.queued.items():
             failures.append(f"{bucket}/{key}: DELETE failed: {d['error']}")
         for entry in self.dirty.entries():
             state, reason = self.upload_state(entry)
@@ -533,17 +463,14 @@ class Uploads:
         """Dirty files journaled by an earlier mount of this cache dir: shown again in
         their views and uploaded (conditionally) by the background uploader."""
         for entry in self.dirty.restore():
-            vs = self.by_name.get(entry.meta.get("view"))
+            vs = self.catalog.get(entry.meta.get("view"))
             if vs is not None and entry.bucket == vs.bucket:
-                node = self._put(vs, {"key": entry.key, "size": entry.size, "mtime": time.time(),
-                                      "etag": ""}, notify=False, remote=False)
-                if node is not None and not node.is_dir:
-                    vs.overlay[entry.key] = Pending("local", None, math.inf)
+                self.tree.show_dirty(vs, entry, notify=False)
             if entry.meta.get("conflict"):
                 log.info("conflict copy %s/%s kept from an earlier mount", entry.bucket, entry.key)
                 continue
             log.info("recovered dirty file %s/%s from the journal: uploading", entry.bucket, entry.key)
-            self._schedule(entry)
+            self.schedule(entry)
 
     def scratch_files(self) -> list[str]:
         """Mount paths (VIEW/relative path) of dirty files whose names cannot match."""
@@ -560,7 +487,7 @@ class Uploads:
         async def one(entry: CacheEntry) -> None:
             async with limiter:
                 try:
-                    if not await self._upload(entry) and not entry.meta.get("conflict"):
+                    if not await self.upload(entry) and not entry.meta.get("conflict"):
                         scratch.append(self._entry_path(entry))
                 except FsError as exc:
                     if not (entry.meta or {}).get("conflict"):
@@ -568,10 +495,8 @@ class Uploads:
         async with trio.open_nursery() as nursery:
             for entry in self.dirty.entries():
                 nursery.start_soon(one, entry)
-        if self._deletes:
-            for d in self._deletes.values():
-                d["at"] = 0.0
-            for (bucket, key), reason in (await self._send_deletes()).items():
+        if self.deletes:
+            for (bucket, key), reason in (await self.deletes.send_all()).items():
                 failed.append(f"{bucket}/{key}: DELETE failed: {reason}")
         await trio.to_thread.run_sync(self.cache.journal.remove_doomed)
         return failed, sorted(scratch)
@@ -585,3 +510,49 @@ class Uploads:
                 out.append(f"{self._entry_path(entry)} (S3 kept another writer's version of "
                            f"{c.get('key')}: {c.get('reason')})")
         return sorted(out)
+
+    # ------------------------------------------------------- parts sent while written
+
+    def stream(self, entry: CacheEntry, start: int, end: int) -> None:
+        """Strict mode: the full parts of a large new file go to S3 while it is written
+        (``delvefs.client.fs.parts``)."""
+        if self._bg is None:  # the uploader is not running (a core without a mount)
+            return
+        name = os.path.basename(entry.path)
+        st = self._streams.get(name)
+        if st is None:
+            part = getattr(self.store, "part_size", None)
+            meta = entry.meta
+            if part is None or entry.size < part or meta is None or meta.get("conflict") \
+                    or entry.source is not None:  # a sparse file: rebuilt at close instead
+                return
+            # an overwritten object keeps its tags: known without a request only when this
+            # mount uploaded that version (dd closes its file once empty, then writes it)
+            remote = None
+            if meta.get("base"):
+                own = self._own_tags.get((entry.bucket, entry.key))
+                if own is None or own[0] != meta["base"]:
+                    return
+                remote = own[1]
+            elif meta.get("base") is None:
+                return
+            vs = self.catalog.get(meta.get("view"))
+            tags = final_tags(entry, vs, remote)
+            if vs is None or not self.catalog.can_match(vs, entry.key, entry.size, tags):
+                return
+            ctype = mimetypes.guess_type(entry.key)[0] or "application/octet-stream"
+            st = self._streams[name] = PartStream(self.store, entry, tags, ctype, part)
+        st.touched(start, end)
+        st.pump(self._bg, end)
+
+    def truncated(self, entry: CacheEntry, size: int) -> None:
+        """The entry was truncated: parts sent of what changed are sent again."""
+        st = self._streams.get(os.path.basename(entry.path))
+        if st is not None:
+            st.truncated(size)
+
+    def drop_stream(self, entry: CacheEntry):
+        st = self._streams.pop(os.path.basename(entry.path), None)
+        if st is not None and self._bg is not None:
+            self._bg.start_soon(st.abort)
+        return st

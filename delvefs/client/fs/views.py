@@ -6,16 +6,16 @@ asks the handler for the changes since the last version (a delta) and applies th
 410 from the handler means "too old": the view is listed again and nodes not seen are
 swept.
 
-One refresh per view runs at a time, in a task of its own (:meth:`Views._start_refresh`:
+One refresh per view runs at a time, in a task of its own (:meth:`Views.start_refresh`:
 an operation that stops waiting for it leaves it running); operations on the view wait
 for it (:class:`Refresh`) and share its outcome:
 
 - A view never listed waits for its listing and fails with the refresh's error
   (``handler_failure``). While the handler's first scan of the bucket runs, the listing
-  waits for the scan, up to ``scan_wait`` (``DELVEFS_SCAN_WAIT``, an hour), logging its
+  waits for the scan, up to ``scan_wait`` (a setting, ``DELVEFS_SCAN_WAIT``: an hour), logging its
   progress.
-- A view with a listing waits at most ``stale_after`` seconds (``DELVEFS_STALE_AFTER``,
-  2 s) from the refresh's start, then is served the last listing: it is *stale* (logged
+- A view with a listing waits at most ``stale_after`` seconds (a setting,
+  ``DELVEFS_STALE_AFTER``: 2 s) from the refresh's start, then is served the last listing: it is *stale* (logged
   once per outage, shown by ``user.delvefs.stale``). The refresh goes on; after a failed
   one, the next is started by the first operation after a backoff (1 s, doubling up to
   10 s), and operations meanwhile do not wait. The first refresh that succeeds makes the
@@ -23,54 +23,24 @@ for it (:class:`Refresh`) and share its outcome:
 - A 404 (the handler does not know the view: it lost its state) registers the views again
   (``reregister``: the mount's, with its proofs) and lists the view again.
 
-Which view an object belongs to is the compiled matcher's answer (``can_match``): the
-write side asks it before every upload, rename and retag.
-
 The views themselves change with ``reload`` (``delvefs reload``, SIGHUP): the new set is
-registered first, then swapped in without an await. A dropped or replaced ViewState is
-``retired``: no longer refreshed, its open files served as they are, its dirty files
-uploaded all the same (``can_match`` says yes).
+registered first, then swapped in without an await (``delvefs.client.fs.catalog``).
 """
 from __future__ import annotations
 
 import errno
 import logging
-import math
-import os
 import time
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 import trio
 
 from ..errors import FsError, handler_failure
 from ..handler_api import HandlerError, HandlerUnavailable, Resync
-from .inodes import ROOT_INODE, Dir, Node, relative_path
-
-if TYPE_CHECKING:
-    from .tree import Pending
+from .catalog import RETRY_FIRST, RETRY_MAX, Refresh, ViewCatalog, ViewState
+from .inodes import Node
+from .tree import Tree
 
 log = logging.getLogger(__name__)
-
-# how long an operation on a view with a listing waits for a refresh before it is served
-# the last listing (the refresh goes on)
-STALE_AFTER = float(os.environ.get("DELVEFS_STALE_AFTER", "2"))
-RETRY_FIRST, RETRY_MAX = 1.0, 10.0  # backoff between failed refreshes of a stale view
-KERNEL_REQUEST_TIMEOUT = "/proc/sys/fs/fuse/default_request_timeout"
-
-
-def scan_wait() -> float:
-    """How long a view's first listing waits for the handler's first scan of its bucket:
-    ``$DELVEFS_SCAN_WAIT`` seconds (default an hour), and at most half the kernel's FUSE
-    request timeout where one is set (Linux 6.14+; none by default): a request left
-    unanswered past it would abort the whole mount."""
-    wait = float(os.environ.get("DELVEFS_SCAN_WAIT", "3600"))
-    try:
-        with open(KERNEL_REQUEST_TIMEOUT) as f:
-            kernel = int(f.read())
-    except (OSError, ValueError):
-        kernel = 0
-    return min(wait, kernel / 2) if kernel > 0 else wait
 
 
 def _single(group: BaseExceptionGroup) -> BaseException:
@@ -80,72 +50,26 @@ def _single(group: BaseExceptionGroup) -> BaseException:
     return group
 
 
-class ViewState:
-    """One mounted view: its definition, the handler's id and version, its top dir."""
-
-    def __init__(self, view, top_ino: int):
-        self.view = view
-        self.name = view.name
-        self.bucket = view.bucket
-        self.root = view.root or ""
-        # layout by properties: lowercase property names, one directory level each; file
-        # names as in flat (inodes.py)
-        by = getattr(view, "layout_by", None)
-        self.layout_by = tuple(by) if by else None
-        self.by = tuple(name.lower() for name in by) if by else None
-        self.flat = view.layout == "flat" or self.by is not None
-        self.layout = view.layout
-        self.values: dict[str, tuple] = {}  # key -> its property values (where it belongs)
-        self.placed: dict[str, tuple[str, ...]] = {}  # key -> the directories its file is in
-        self.long_names: dict[str, str] = {}  # directory name -> a long value it was cut from
-        self.set = dict(getattr(view, "set", None) or {})
-        self.index = 0  # position in the mount's views (the matcher's answers)
-        self.overlay: dict[str, Pending] = {}  # key -> local change not yet seen in a delta
-        self.ttl = float(view.ttl)
-        self.writable = bool(view.writable)
-        self.id: str | None = None
-        self.version = 0
-        self.listed = False
-        self.fresh_at = float("-inf")
-        self.refreshing: Refresh | None = None
-        self.relist = False  # the handler lost the view: list it again rather than a delta
-        self.stale: str | None = None  # why the handler gave no refresh lately (else None)
-        self.stale_since = 0.0  # wall-clock time of the outage's start
-        self.retry_at = float("-inf")  # a stale view's next refresh starts no earlier
-        self.retry_delay = RETRY_FIRST
-        self.top: Dir | None = None
-        self.retired = False  # dropped or replaced by a reload of the views file
-        self.lists = 0  # statistics (tests, logs)
-        self.deltas = 0
-
-
-def stale_text(vs: ViewState) -> str:
-    """``user.delvefs.stale``: "0", or "1 since <UTC time>: <reason>"."""
-    if vs.stale is None:
-        return "0"
-    since = datetime.fromtimestamp(vs.stale_since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"1 since {since}: {vs.stale}"
-
-
-class Refresh:
-    """A listing or delta under way for a view; tasks that need the view wait for it and
-    share its outcome (rather than each asking the handler again: a view of a bucket still
-    being scanned would make every waiter wait for its own 503 in turn)."""
-    __slots__ = ("done", "error", "started", "first")
-
-    def __init__(self, started: float, first: bool):
-        self.done = trio.Event()
-        self.error: FsError | None = None
-        self.started = started
-        self.first = first  # the view's first listing (waited for, however long it takes)
-
-
 class Views:
-    """Registration and freshness of the views of :class:`delvefs.client.fs.core.FileSystem`."""
+    """Registration and freshness of the mount's views."""
+
+    def __init__(self, catalog: ViewCatalog, tree: Tree, handler, dirty, settings, *,
+                 reregister=None):
+        self.catalog = catalog
+        self.tree = tree
+        self.handler = handler
+        self.dirty = dirty
+        self.stale_after = settings.stale_after
+        self.scan_wait = settings.scan_wait
+        self.page_size = settings.page_size
+        self.reregister = reregister  # async (): register the views again (the mount's, with proofs)
+        self.registration: tuple[str, dict] | None = None  # (client, proofs) of the last one
+        self.registrations = 0
+        self._reload_lock = trio.Lock()
 
     async def register(self, client: str, proofs: dict) -> None:
         """Register all views with the handler (ids and starting versions)."""
-        views = list(self.views)  # (a reload may change the list meanwhile)
+        views = list(self.catalog.views)  # (a reload may change the list meanwhile)
         answer = await self.handler.register(
             client, [{"name": vs.name, "spec": vs.view.filter_spec()} for vs in views], proofs)
         self.registration = (client, proofs)
@@ -165,12 +89,8 @@ class Views:
         show in its new directory). Last, the handler is told to forget registrations no
         view of this mount uses any more. Returns ``{"added", "removed", "changed",
         "views"}`` (names)."""
-        from .tree import Pending
-        lock = getattr(self, "_reload_lock", None)
-        if lock is None:
-            lock = self._reload_lock = trio.Lock()
-        async with lock:
-            old = {vs.name: vs for vs in self.views}
+        async with self._reload_lock:
+            old = {vs.name: vs for vs in self.catalog.views}
             wanted = {v.name: v for v in views}
             added = [v.name for v in views if v.name not in old]
             removed = [name for name in old if name not in wanted]
@@ -189,41 +109,25 @@ class Views:
             self.registration = (client, proofs)
             self.registrations += 1
             # from here to the end of the swap: no await (operations see old or new views)
-            root = self.table.root
-            now_ns = time.time_ns()
             retired = [old[name] for name in removed + changed]
             for vs in retired:
                 vs.retired = True
-                stack = [vs.top]
-                while stack:  # its mkdir'ed directories go with it
-                    d = stack.pop()
-                    self.local_dirs.discard(d.ino)
-                    stack.extend(c for c in d.children.values() if c.is_dir)
-                self.table.detach(vs.top)
-                self.notifier.entry(ROOT_INODE, vs.name)
+                self.tree.retire_view(vs)
             states = []
             for i, v in enumerate(views):
                 vs = old.get(v.name)
                 if vs is None or vs.retired:
-                    vs = ViewState(v, 0)
-                    vs.top = self.table.new_dir(root, v.name, vs, vs.root, now_ns)
-                    self.notifier.entry(ROOT_INODE, v.name)
-                vs.index = i
+                    vs = ViewState(v, i)
+                    self.tree.add_view(vs)
                 vs.id = ids[v.name]
                 states.append(vs)
-            self.views = states
-            # a dropped view's dirty files are still uploaded: by_name keeps it until its
-            # name is used again
-            for vs in states:
-                self.by_name[vs.name] = vs
-            self._matcher_obj = None
+            # a dropped view's dirty files are still uploaded: the catalog keeps it by name
+            # until its name is used again
+            self.catalog.replace(states)
             for entry in self.dirty.entries():  # dirty files of a changed view: in its new directory
-                vs = self.by_name.get((entry.meta or {}).get("view"))
+                vs = self.catalog.get((entry.meta or {}).get("view"))
                 if vs is not None and vs.name in changed and entry.bucket == vs.bucket:
-                    node = self._put(vs, {"key": entry.key, "size": entry.size, "mtime": time.time(),
-                                          "etag": ""}, notify=False, remote=False)
-                    if node is not None and not node.is_dir:
-                        vs.overlay[entry.key] = Pending("local", None, math.inf)
+                    self.tree.show_dirty(vs, entry, notify=False)
             log.info("views reloaded: added %s; removed %s; changed %s",
                      *(", ".join(names) or "none" for names in (added, removed, changed)))
             # registrations no view of this mount uses any more
@@ -251,14 +155,14 @@ class Views:
         by the refresh, once per outage)."""
         async def one(vs):
             try:
-                await self._fresh(vs)
+                await self.fresh(vs)
             except FsError:
                 pass
         async with trio.open_nursery() as nursery:
-            for vs in self.views:
+            for vs in self.catalog.views:
                 nursery.start_soon(one, vs)
 
-    async def _fresh(self, vs: ViewState) -> None:
+    async def fresh(self, vs: ViewState) -> None:
         """Make ``vs`` recent enough for an operation: list it (first use; its error is
         the operation's) or refresh it after its ttl (waiting at most ``stale_after``, then
         going on with the last listing)."""
@@ -269,7 +173,7 @@ class Views:
         if r is None:
             if vs.listed and now < vs.retry_at:
                 return  # stale, and the next attempt is not due yet
-            r = self._start_refresh(vs)
+            r = self.start_refresh(vs)
         if r.first:
             await r.done.wait()
             if r.error is not None and not vs.listed:
@@ -280,12 +184,12 @@ class Views:
         if not r.done.is_set() and vs.stale is None:  # (else keep the reason of the outage)
             self._mark_stale(vs, f"a refresh has taken more than {self.stale_after:g} s")
 
-    async def _fresh_for(self, node: Node) -> None:
+    async def fresh_for(self, node: Node) -> None:
         vs = node.view if node.is_dir else node.parent.view
         if vs is not None:
-            await self._fresh(vs)
+            await self.fresh(vs)
 
-    def _start_refresh(self, vs: ViewState) -> Refresh:
+    def start_refresh(self, vs: ViewState) -> Refresh:
         r = vs.refreshing = Refresh(trio.current_time(), first=not vs.listed)
         # a system task: it outlives the operation that started it, and needs no nursery
         # of the mount's
@@ -404,7 +308,7 @@ class Views:
                     async for page in recv:
                         if first_version is None:
                             first_version = page["version"]
-                        put = self._put
+                        put = self.tree.put
                         for obj in page["objects"]:  # one page: applied without an await
                             put(vs, obj, notify=resync)
                         if seen is not None:
@@ -412,9 +316,8 @@ class Views:
         except BaseExceptionGroup as group:
             raise _single(group) from None
         if seen is not None:
-            now = trio.current_time()
-            seen.update(k for k, p in vs.overlay.items() if p.kind != "delete" and p.deadline > now)
-            self._sweep(vs, seen)
+            seen.update(self.tree.pending_keys(vs))
+            self.tree.sweep(vs, seen)
         vs.version = first_version
         vs.listed = True
         vs.relist = False
@@ -430,9 +333,9 @@ class Views:
                 changes = r["changes"]
                 for ch in changes:
                     if ch["op"] == "put" and ch.get("object"):
-                        self._put(vs, ch["object"], notify=True)
+                        self.tree.put(vs, ch["object"], notify=True)
                     elif ch["op"] == "delete":
-                        self._delete(vs, ch["key"])
+                        self.tree.delete(vs, ch["key"])
                 more = bool(r.get("more")) and bool(changes)
                 vs.version = changes[-1]["v"] if more else r["version"]
                 if not more:
@@ -457,30 +360,7 @@ class Views:
         for _ in range(2):
             if vs.listed and vs.version >= version:
                 return
-            r = vs.refreshing or self._start_refresh(vs)
+            r = vs.refreshing or self.start_refresh(vs)
             await r.done.wait()
             if r.error is not None:
                 raise FsError(r.error.errno, str(r.error), logged=True)
-
-    # ------------------------------------------------------------ which view
-
-    def _matcher(self):
-        if self._matcher_obj is None:
-            from rulesets.matcher import compile_views
-            self._matcher_obj = compile_views([vs.view for vs in self.views])
-        return self._matcher_obj
-
-    def can_match(self, vs: ViewState, key: str, size: int, tags: dict) -> bool:
-        """Whether an object ``key`` of ``size`` with ``tags`` would be in view ``vs`` (and
-        shown as a file there): the scratch rule asks this before every upload."""
-        rel = relative_path(vs, key)
-        if rel is None or rel.endswith("/"):
-            return False
-        if vs.retired:  # dropped by a reload: what was written in it is uploaded all the same
-            return True
-        from rulesets.model import ObjectInfo
-        obj = ObjectInfo(vs.bucket, key, int(size), time.time(), None, dict(tags), {})
-        return vs.index in self._matcher().match(obj)
-
-    def _needs_tags(self, bucket: str) -> bool:
-        return any(vs.view.reads_tags for vs in self.views if vs.bucket == bucket)

@@ -16,46 +16,35 @@ from __future__ import annotations
 
 import errno
 import logging
-import mimetypes
 import os
 import time
 
-import trio
-
 from ..datacache import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_only, store_failure
-from .inodes import File, Node
-from .parts import PartStream
-from .reads import FileHandle
-from .tree import local_pending
-from .views import ViewState
+from .handles import FileHandle, Handles
+from .inodes import File, InodeTable, Node, key_for, writable_dir
+from .tree import Tree
+from .uploads import Uploads
+from .views import Views
 
 log = logging.getLogger(__name__)
 
 
 class Writes:
-    """The write path of :class:`delvefs.client.fs.core.FileSystem`."""
+    """create, write, flush, fsync and truncate of dirty files."""
 
-    def _entry_lock(self, entry: CacheEntry) -> trio.Lock:
-        return self._locks.setdefault(os.path.basename(entry.path), trio.Lock())
-
-    def _dirtied(self, vs: ViewState, node: File, entry: CacheEntry) -> None:
-        vs.overlay[entry.key] = local_pending(vs.overlay.get(entry.key))
-        self._served.pop(node.ino, None)
-        node.size = entry.size
-        node.mtime_ns = time.time_ns()
-        self._sizes(entry)
-
-    def _sizes(self, entry: CacheEntry) -> None:
-        """The entry's size on the nodes of its key in every view that shows the local
-        content (a file opened through several views)."""
-        now = time.time_ns()
-        for vs in self.views:
-            p = vs.overlay.get(entry.key) if vs.bucket == entry.bucket else None
-            if p is not None and p.kind == "local":
-                node = self._find(vs, entry.key)
-                if node is not None and not node.is_dir:
-                    node.size, node.mtime_ns = entry.size, now
+    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, views: Views,
+                 uploads: Uploads, dirty, cache, store, settings):
+        self.table = table
+        self.handles = handles
+        self.tree = tree
+        self.views = views
+        self.uploads = uploads
+        self.dirty = dirty
+        self.cache = cache
+        self.store = store
+        self.eager = settings.eager
+        self.stream_parts = settings.upload_while_writing and not settings.eager
 
     async def _make_writable(self, node: File, *, truncate: bool) -> CacheEntry:
         """The dirty local copy of ``node``: nothing is downloaded — an existing object
@@ -78,7 +67,7 @@ class Writes:
                                     truncate=truncate, size=size)
         except StoreError as exc:
             raise store_failure(exc, "writing", bucket, key) from exc
-        self._dirtied(vs, node, entry)
+        self.tree.dirtied(vs, node, entry)
         return entry
 
     def _writer(self, node: File, entry: CacheEntry, what: str) -> int:
@@ -87,13 +76,12 @@ class Writes:
             fd = os.open(entry.path, os.O_RDWR)
         except OSError as exc:
             raise cache_failure(exc, what, entry) from exc
-        fh = next(self._fh)
-        h = self.files[fh] = FileHandle(node, writer=True)
+        h = FileHandle(node, writer=True)
         h.fd, h.entry = fd, entry
         self.dirty.add_writer(entry)
-        return fh
+        return self.handles.add_file(h)
 
-    async def _open_writer(self, node: File, *, truncate: bool) -> int:
+    async def open_writer(self, node: File, *, truncate: bool) -> int:
         if node.gone:
             raise FsError(errno.ENOENT, f"{node.name}: removed")
         entry = await self._make_writable(node, truncate=truncate)
@@ -102,39 +90,39 @@ class Writes:
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[int, File]:
         """Create (or, without O_EXCL, open for writing) the file ``name``: a handle and
         the node (its lookup count + 1)."""
-        self._request_seen()
-        parent, vs = self._writable_dir(parent_ino)
-        key = self._key_for(parent, vs, name)
-        await self._fresh(vs)
+        self.uploads.request_seen()
+        parent, vs = writable_dir(self.table, parent_ino)
+        key = key_for(parent, vs, name)
+        await self.views.fresh(vs)
         existing = parent.children.get(name)
         if existing is not None:
             if existing.is_dir:
                 raise FsError(errno.EISDIR)
             if flags & os.O_EXCL:
                 raise FsError(errno.EEXIST)
-            fh = await self._open_writer(existing, truncate=bool(flags & os.O_TRUNC))
+            fh = await self.open_writer(existing, truncate=bool(flags & os.O_TRUNC))
             self.table.ref(existing)
             return fh, existing
-        implied = self._implied_tags(parent, key)  # layout by properties: tags from its directories
+        implied = self.tree.implied_tags(parent, key)  # layout by properties: tags from its directories
         try:
             entry = self.dirty.take(vs.bucket, key, view=vs.name, base="", truncate=True)
             if implied is not None:
                 self.dirty.update_record(entry, **implied)
         except StoreError as exc:
             raise store_failure(exc, "creating", vs.bucket, key) from exc
-        node = self._put(vs, {"key": key, "size": 0, "mtime": time.time(), "etag": ""},
+        node = self.tree.put(vs, {"key": key, "size": 0, "mtime": time.time(), "etag": ""},
                          notify=False, remote=False)
         if node is None or node.is_dir:  # cannot happen: the name was checked
             self.dirty.discard(entry)
             raise FsError(errno.EINVAL, f"{key}: cannot be created")
-        self._dirtied(vs, node, entry)
+        self.tree.dirtied(vs, node, entry)
         fh = self._writer(node, entry, "creating")
         self.table.ref(node)
         return fh, node
 
     async def write(self, fh: int, off: int, data: bytes) -> int:
-        self._request_seen()
-        h = self.files.get(fh)
+        self.uploads.request_seen()
+        h = self.handles.files.get(fh)
         if h is None or not h.writer:
             raise FsError(errno.EBADF)
         entry, node = h.entry, h.node
@@ -146,7 +134,7 @@ class Writes:
             if not entry.dirty:  # uploaded by an fsync/flush, written again through this handle
                 vs = node.parent.view
                 self.dirty.redirty(entry, vs.name)
-                self._dirtied(vs, node, entry)
+                self.tree.dirtied(vs, node, entry)
             self.dirty.journal(entry)
         except StoreError as exc:
             raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
@@ -162,46 +150,10 @@ class Writes:
         node.size = entry.size
         node.mtime_ns = time.time_ns()
         if grew:
-            self._sizes(entry)
-        if self.stream_parts and self._bg is not None and not self.eager:
-            self._stream(entry, off, off + n)
+            self.tree.sizes(entry)
+        if self.stream_parts:
+            self.uploads.stream(entry, off, off + n)
         return n
-
-    def _stream(self, entry: CacheEntry, start: int, end: int) -> None:
-        """Strict mode: the full parts of a large new file go to S3 while it is written
-        (``delvefs.client.fs.parts``)."""
-        name = os.path.basename(entry.path)
-        st = self._streams.get(name)
-        if st is None:
-            part = getattr(self.store, "part_size", None)
-            meta = entry.meta
-            if part is None or entry.size < part or meta is None or meta.get("conflict") \
-                    or entry.source is not None:  # a sparse file: rebuilt at close instead
-                return
-            # an overwritten object keeps its tags: known without a request only when this
-            # mount uploaded that version (dd closes its file once empty, then writes it)
-            remote = None
-            if meta.get("base"):
-                own = self._own_tags.get((entry.bucket, entry.key))
-                if own is None or own[0] != meta["base"]:
-                    return
-                remote = own[1]
-            elif meta.get("base") is None:
-                return
-            vs = self.by_name.get(meta.get("view"))
-            tags = self._final_tags(entry, vs, remote)
-            if vs is None or not self.can_match(vs, entry.key, entry.size, tags):
-                return
-            ctype = mimetypes.guess_type(entry.key)[0] or "application/octet-stream"
-            st = self._streams[name] = PartStream(self.store, entry, tags, ctype, part)
-        st.touched(start, end)
-        st.pump(self._bg, end)
-
-    def _drop_stream(self, entry: CacheEntry):
-        st = self._streams.pop(os.path.basename(entry.path), None)
-        if st is not None and self._bg is not None:
-            self._bg.start_soon(st.abort)
-        return st
 
     def _live(self, h: FileHandle) -> bool:
         """The handle's entry is still the file of a key (not unlinked, not replaced)."""
@@ -211,17 +163,17 @@ class Writes:
     async def flush(self, fh: int) -> None:
         """close(2) of a descriptor: the last writing handle uploads (errors returned); in
         eager mode it only makes the file safe in the journal and queues the upload."""
-        self._request_seen()
-        h = self.files.get(fh)
+        self.uploads.request_seen()
+        h = self.handles.files.get(fh)
         if h is None or not h.writer:
             return
         entry = h.entry
         if entry.writers <= 1 and self._live(h):
             if self.eager:
                 self._persist(entry)
-                self._schedule(entry)
+                self.uploads.schedule(entry)
             else:
-                await self._upload(entry)
+                await self.uploads.upload(entry)
 
     def _persist(self, entry: CacheEntry) -> None:
         """Eager close: the record on disk (written on the loop when it is not there yet; not
@@ -232,18 +184,18 @@ class Writes:
             raise store_failure(exc, "journaling", entry.bucket, entry.key) from exc
 
     async def fsync(self, fh: int) -> None:
-        h = self.files.get(fh)
+        h = self.handles.files.get(fh)
         if h is None or not h.writer:
             return
         if self._live(h):
-            if not await self._upload(h.entry):
+            if not await self.uploads.upload(h.entry):
                 log.info("fsync of scratch file %s/%s: kept local (its name cannot match view %s)",
                          h.entry.bucket, h.entry.key, h.entry.meta.get("view"))
 
     async def setattr(self, ino: int, *, size: int | None = None, fh: int | None = None) -> Node:
         """chmod/chown/utimens are accepted and not stored; a size truncates the local
         copy (uploaded at once when no handle writes to it: truncate(2))."""
-        node = self._node(ino)
+        node = self.table.require(ino)
         vs = node.view if node.is_dir else node.parent.view
         if vs is not None and not vs.writable:
             raise read_only(vs.name)
@@ -253,7 +205,7 @@ class Writes:
             raise FsError(errno.EISDIR)
         if node.gone:
             raise FsError(errno.ENOENT)
-        h = self.files.get(fh) if fh is not None else None
+        h = self.handles.files.get(fh) if fh is not None else None
         if h is not None and h.writer and h.node is node:
             entry = h.entry
             if not entry.dirty:
@@ -267,15 +219,13 @@ class Writes:
             self.dirty.truncate(entry, size)
         except StoreError as exc:
             raise store_failure(exc, "truncating", entry.bucket, entry.key) from exc
-        st = self._streams.get(os.path.basename(entry.path))
-        if st is not None:
-            st.truncated(size)
-        self._dirtied(node.parent.view, node, entry)
-        self._sizes(entry)
+        self.uploads.truncated(entry, size)
+        self.tree.dirtied(node.parent.view, node, entry)
+        self.tree.sizes(entry)
         if entry.writers == 0:
             if self.eager:
                 self._persist(entry)
-                self._schedule(entry)
+                self.uploads.schedule(entry)
             else:
-                await self._upload(entry)
+                await self.uploads.upload(entry)
         return node

@@ -1,0 +1,76 @@
+"""Open files and directories: the handles the kernel holds, by number.
+
+A file handle keeps its own descriptor and cache entry, so it reads the version it opened
+however the cache changes meanwhile; a writing handle's entry is the dirty local copy. A
+directory handle keeps the snapshot of the children it lists (readdir offsets index it:
+``delvefs.client.fs.inodes``).
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+
+import trio
+
+from ..errors import FsError
+from .inodes import Dir, File
+
+
+class FileHandle:
+    __slots__ = ("node", "entry", "fd", "lock", "writer", "next_off", "window", "ahead",
+                 "fetches")
+
+    def __init__(self, node: File, writer: bool = False):
+        self.node = node
+        self.entry = None     # its CacheEntry once open
+        self.fd: int | None = None
+        self.lock = trio.Lock()
+        self.writer = writer  # opened for writing: ``entry`` is the dirty local copy
+        self.next_off = 0     # where a sequential read would continue
+        self.window = 0       # read-ahead window (0: none yet)
+        self.ahead = 0        # bytes before it are fetched or being fetched
+        self.fetches: list = []  # the read-ahead's fetches (cancelled at close)
+
+
+class DirHandle:
+    __slots__ = ("node", "snapshot")
+
+    def __init__(self, node: Dir, snapshot: tuple):
+        self.node = node
+        self.snapshot = snapshot
+
+
+class Handles:
+    """The open file and directory handles (one numbering for both)."""
+
+    def __init__(self):
+        self._numbers = itertools.count(1)
+        self.files: dict[int, FileHandle] = {}
+        self.dirs: dict[int, DirHandle] = {}
+
+    def add_file(self, h: FileHandle) -> int:
+        fh = next(self._numbers)
+        self.files[fh] = h
+        return fh
+
+    def add_dir(self, h: DirHandle) -> int:
+        fh = next(self._numbers)
+        self.dirs[fh] = h
+        return fh
+
+    def file(self, fh: int) -> FileHandle:
+        h = self.files.get(fh)
+        if h is None:
+            raise FsError(errno.EBADF)
+        return h
+
+    def writing(self, node: File) -> bool:
+        """Whether a handle writes to ``node``."""
+        return any(h.writer and h.node is node for h in self.files.values())
+
+    def close_all(self) -> None:
+        for fh in list(self.files):
+            h = self.files.pop(fh)
+            if h.fd is not None:
+                os.close(h.fd)
