@@ -450,3 +450,18 @@ async def test_open_for_writing_with_a_tiny_cache_keeps_content(make_world):
     await w.start()
     await w.write("v/a", b"X", flags=os.O_WRONLY)
     assert w.obj("v", "data/a")["data"] == b"X123456789"
+
+
+async def test_a_new_file_renamed_away_leaves_another_views_object_of_its_name(make_world):
+    # v shows every data/ key, hot only those tagged stage=hot: data/b.txt (untagged) is in v
+    w = make_world(view("v", writable=True),
+                   view("hot", properties={"stage": ["hot"]}, writable=True))
+    w.add("v", "data/b.txt", b"theirs")
+    await w.start()
+    assert await w.names("v") == ["b.txt"]
+    fh, _ = await w.open_write("hot/b.txt", os.O_RDWR | os.O_CREAT)  # new in hot, still open
+    hot = await w.path("hot")
+    await w.fs.rename(hot.ino, "b.txt", hot.ino, "c.txt")
+    assert "b.txt" in await w.names("v")             # S3 still has it: v still shows it
+    assert w.obj("v", "data/b.txt")["data"] == b"theirs"
+    await w.fs.release(fh)

@@ -199,7 +199,10 @@ class Namespace:
             async with self.uploads.entry_lock(entry):
                 if entry.dirty and (entry.bucket, entry.key) == (sb, sk):
                     await self.uploads.keep_source(entry, "renaming (fetching what it lacks)")
-                    if entry.meta.get("existing") or node.etag:
+                    # a file S3 never had leaves alone an object of its key (another
+                    # writer's, which other views may show)
+                    result["local_only"] = not (entry.meta.get("existing") or node.etag)
+                    if not result["local_only"]:
                         try:
                             await self.store.delete(sb, sk)
                         except StoreError as exc:
@@ -269,7 +272,7 @@ class Namespace:
             return  # changed meanwhile: the next refresh shows what is there
         self.tree.forget_pending(src_vs, sk)
         self.tree.move(node, dst, name)
-        self.tree.local_delete(sb, sk, also=src_vs)
+        self._moved_away(src_vs, sk, result)
         entry = result.get("dirty")
         if entry is not None:
             self.tree.dirtied(dst_vs, node, entry)
@@ -282,6 +285,14 @@ class Namespace:
         obj = result["obj"]
         node.etag, node.size = obj["etag"], obj["size"]
         self.tree.local_put(dst_vs.bucket, dk, obj, result["tags"])
+
+    def _moved_away(self, vs: ViewState, key: str, result: dict) -> None:
+        """A file of ``vs`` moved away from ``key``: gone from every view, or, when S3
+        never had it, only its local nodes (an object of that key stays shown)."""
+        if result.get("local_only"):
+            self.tree.drop_local(vs.bucket, key, vs)
+        else:
+            self.tree.local_delete(vs.bucket, key, also=vs)
 
     async def _rename_dir(self, d: Dir, dst: Dir, name: str) -> None:
         """Every object below ``d`` is moved (copy + delete, 16 at a time): not atomic.
@@ -319,7 +330,7 @@ class Namespace:
             self.tree.move(d, dst, name)
             for f, sk, dk, r in results:
                 self.tree.forget_pending(vs, sk)
-                self.tree.local_delete(vs.bucket, sk, also=vs)
+                self._moved_away(vs, sk, r)
                 if r.get("dirty") is not None:
                     self.tree.dirtied(vs, f, r["dirty"])
                 else:
@@ -328,7 +339,7 @@ class Namespace:
         else:
             for f, sk, dk, r in results:
                 self.tree.forget_pending(vs, sk)
-                self.tree.local_delete(vs.bucket, sk, also=vs)
+                self._moved_away(vs, sk, r)
                 if r.get("dirty") is not None:
                     e = r["dirty"]
                     n = self.tree.show_dirty(vs, e, notify=True)
