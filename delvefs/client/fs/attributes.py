@@ -11,7 +11,7 @@ import os
 
 from ..errors import FsError, read_only
 from .handles import DirHandle, Handles
-from .inodes import InodeTable, Node, mode_of
+from .inodes import InodeTable, Node, check_name, mode_of
 from .properties import Properties
 from .tree import Tree
 from .views import Views
@@ -65,6 +65,7 @@ class Attributes:
         elif name == "..":
             node = parent.parent or parent
         else:
+            check_name(name)
             await self.views.fresh_for(parent)
             node = parent.children.get(name)
             if node is None:

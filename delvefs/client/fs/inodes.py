@@ -271,17 +271,38 @@ def mode_of(node: Node, writable: bool) -> int:
     return stat.S_IFREG | (0o644 if writable else 0o444)
 
 
+# S3's longest key (bytes of UTF-8)
+MAX_KEY_BYTES = 1024
+
+
+def check_name(name: str) -> None:
+    """ENAMETOOLONG for a name longer than NAME_MAX bytes (as every file system answers,
+    whatever the operation)."""
+    if len(name) > NAME_MAX // 4 and len(name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        raise FsError(errno.ENAMETOOLONG, f"a name has at most {NAME_MAX} bytes")
+
+
+def check_key(key: str) -> str:
+    """``key``, or ENAMETOOLONG when S3 could not store it (more than 1,024 bytes): refused
+    up front, never at the upload."""
+    if len(key) > MAX_KEY_BYTES // 4 and \
+            len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
+        raise FsError(errno.ENAMETOOLONG, f"an S3 key has at most {MAX_KEY_BYTES} bytes")
+    return key
+
+
 def key_for(parent: Dir, vs, name: str) -> str:
     """The key a file ``name`` in ``parent`` of view ``vs`` has (EINVAL when no key maps
-    to it)."""
+    to it, ENAMETOOLONG when the name or the key is too long)."""
+    check_name(name)
     if vs.flat:
         rel = flat_key(name)
         if not rel or flat_name(rel) != name:
             raise FsError(errno.EINVAL, f"{name!r} is not a flat name (write % as %25, / as %2F)")
-        return vs.root + rel
+        return check_key(vs.root + rel)
     if not valid_segment(name):
         raise FsError(errno.EINVAL, f"{name!r} cannot be a key segment")
-    return parent.prefix + name
+    return check_key(parent.prefix + name)
 
 
 def writable_dir(table: "InodeTable", ino: int) -> tuple[Dir, object]:

@@ -16,7 +16,8 @@ import trio
 from ..errors import FsError, StoreError, store_failure
 from .catalog import ViewCatalog, ViewState
 from .deletes import DeleteQueue
-from .inodes import Dir, File, InodeTable, Node, key_for, valid_segment, writable_dir
+from .inodes import (Dir, File, InodeTable, Node, check_key, check_name, key_for, valid_segment,
+                     writable_dir)
 from .properties import Properties
 from .tree import Tree
 from .uploads import Uploads
@@ -98,8 +99,10 @@ class Namespace:
             return self.tree.mkdir_property(parent, name)
         if vs.flat:
             raise FsError(errno.EPERM, f"view {vs.name} is flat: no directories")
+        check_name(name)
         if not valid_segment(name):
             raise FsError(errno.EINVAL)
+        check_key(parent.prefix + name + "/")
         await self.views.fresh(vs)
         if name in parent.children:
             raise FsError(errno.EEXIST)
@@ -308,7 +311,7 @@ class Namespace:
                 if c.is_dir:
                     stack.append(c)
                 else:
-                    files.append((c, new_prefix + c.key[len(d.prefix):]))
+                    files.append((c, check_key(new_prefix + c.key[len(d.prefix):])))
         results: list[tuple[File, str, str, dict]] = []
         errors: list[FsError] = []
         limiter = trio.CapacityLimiter(16)

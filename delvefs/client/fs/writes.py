@@ -127,9 +127,7 @@ class Writes:
             raise FsError(errno.EBADF)
         entry, node = h.entry, h.node
         if node.gone or self.cache.get(entry.bucket, entry.key) is not entry:
-            # unlinked (or replaced by a rename) while open: the data goes nowhere (as on
-            # any file system)
-            return os.pwrite(h.fd, data, off)
+            return self._write_orphan(h, off, data)
         try:
             if not entry.dirty:  # uploaded by an fsync/flush, written again through this handle
                 vs = node.parent.view
@@ -154,6 +152,22 @@ class Writes:
         if self.stream_parts:
             self.uploads.stream(entry, off, off + n)
         return n
+
+    def _write_orphan(self, h: FileHandle, off: int, data: bytes) -> int:
+        """A write to a file unlinked (or replaced by a rename) while open: the file lives
+        on in its descriptors, read and written through them, its size as written, until the
+        last one closes; then its bytes go nowhere (as on any file system)."""
+        try:
+            n = os.pwrite(h.fd, data, off)
+        except OSError as exc:
+            raise cache_failure(exc, "writing", h.entry) from exc
+        self._orphan_size(h, max(h.entry.size, off + n))
+        return n
+
+    def _orphan_size(self, h: FileHandle, size: int) -> None:
+        h.entry.size = size
+        if h.node.gone:
+            h.node.size, h.node.mtime_ns = size, time.time_ns()
 
     def _live(self, h: FileHandle) -> bool:
         """The handle's entry is still the file of a key (not unlinked, not replaced)."""
@@ -203,9 +217,17 @@ class Writes:
             return node
         if node.is_dir:
             raise FsError(errno.EISDIR)
+        h = self.handles.files.get(fh) if fh is not None else None
+        if h is not None and h.writer and h.node is node and (
+                node.gone or self.cache.get(h.entry.bucket, h.entry.key) is not h.entry):
+            try:  # ftruncate(2) of a file unlinked while open
+                os.ftruncate(h.fd, size)
+            except OSError as exc:
+                raise cache_failure(exc, "truncating", h.entry) from exc
+            self._orphan_size(h, size)
+            return node
         if node.gone:
             raise FsError(errno.ENOENT)
-        h = self.handles.files.get(fh) if fh is not None else None
         if h is not None and h.writer and h.node is node:
             entry = h.entry
             if not entry.dirty:

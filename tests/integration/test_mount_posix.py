@@ -1,0 +1,83 @@
+"""POSIX corners that file-system test suites exercise, through a real mount in both modes
+(strict and eager; real MinIO, RabbitMQ, handler and FUSE)."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from .mounts import data_views, handler, listdir, mounts, put  # noqa: F401
+from .test_mount_write import get, keys
+
+pytestmark = [pytest.mark.services, pytest.mark.fuse]
+
+MODES = {"strict": (), "eager": ("--eager",)}
+
+
+@pytest.fixture(params=sorted(MODES))
+def mode(request):
+    return MODES[request.param]
+
+
+def sync(mounts, mp) -> None:
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_file_unlinked_while_open_is_written_and_read_through_its_descriptor(
+        mounts, s3, bucket, mode):
+    mp = mounts.mount(data_views(bucket), *mode)
+    path = mp / "data/gone.txt"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+    try:
+        os.unlink(path)
+        assert os.pwrite(fd, b"hello world", 0) == 11
+        assert os.pread(fd, 20, 0) == b"hello world"
+        assert os.fstat(fd).st_size == 11
+        os.ftruncate(fd, 5)
+        assert os.fstat(fd).st_size == 5 and os.pread(fd, 20, 0) == b"hello"
+    finally:
+        os.close(fd)
+    fd = os.open(mp / "data/early.txt", os.O_CREAT | os.O_EXCL | os.O_RDWR)
+    try:
+        os.write(fd, b"12345")                       # written before the unlink, and after
+        os.unlink(mp / "data/early.txt")
+        os.pwrite(fd, b"hello world", 0)
+        assert os.pread(fd, 20, 0) == b"hello world" and os.fstat(fd).st_size == 11
+    finally:
+        os.close(fd)
+    sync(mounts, mp)
+    assert not [k for k in keys(s3, bucket) if k in ("data/gone.txt", "data/early.txt")]
+    assert "gone.txt" not in listdir(mp / "data") and "early.txt" not in listdir(mp / "data")
+
+
+def test_names_too_long_are_enametoolong_for_every_operation(mounts, s3, bucket, mode):
+    mp = mounts.mount(data_views(bucket), *mode)
+    long_name = "n" * 256
+    put(s3, bucket, "data/short", b"s")
+
+    def refused(call, *args):
+        with pytest.raises(OSError) as e:
+            call(*args)
+        assert e.value.errno == errno.ENAMETOOLONG, (call, e.value)
+    refused(os.open, mp / "data" / long_name, os.O_CREAT | os.O_WRONLY)
+    refused(os.mkdir, mp / "data" / long_name)
+    refused(os.rename, mp / "data/short", mp / "data" / long_name)
+    refused(os.unlink, mp / "data" / long_name)
+    refused(os.rmdir, mp / "data" / long_name)
+    refused(os.truncate, mp / "data" / long_name, 0)
+    refused(os.rename, mp / "data" / long_name, mp / "data/other")
+    refused(os.stat, mp / "data" / long_name)
+    # a path whose key passes S3's 1,024 bytes: refused at once, nothing half made
+    deep = mp / "data"
+    for i in range(5):
+        deep = deep / (f"{i}" * 200)
+        deep.mkdir()
+    refused(os.open, deep / ("k" * 50), os.O_CREAT | os.O_WRONLY)
+    refused(os.mkdir, deep / ("k" * 50))
+    refused(os.rename, mp / "data/short", deep / ("k" * 50))
+    assert (mp / "data/short").read_bytes() == b"s"
+    sync(mounts, mp)
+    assert get(s3, bucket, "data/short") == b"s"
+    assert all(len(k.encode()) <= 1024 for k in keys(s3, bucket))
