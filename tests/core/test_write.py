@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 
 import pytest
 import trio
@@ -465,3 +466,18 @@ async def test_a_new_file_renamed_away_leaves_another_views_object_of_its_name(m
     assert "b.txt" in await w.names("v")             # S3 still has it: v still shows it
     assert w.obj("v", "data/b.txt")["data"] == b"theirs"
     await w.fs.release(fh)
+
+
+async def test_an_outside_overwrite_after_this_mounts_upload_shows_at_once(make_world):
+    """The handler keeps only the newest change of a key: when another writer replaced the
+    object after this mount's upload, the upload's own change never comes; the newer
+    version shows, with its size, as soon as the view refreshes."""
+    w = make_world(view("v", writable=True, ttl=0.0))
+    await w.start()
+    node = await w.write("v/f", b"old\n")                       # uploaded at close
+    w.add("v", "data/f", b"new one\n", mtime=time.time() + 1)   # replaced from outside
+    assert await w.fs.getattr(node.ino) is node and node.size == 8
+    assert await w.read("v/f") == b"new one\n"
+    await w.fs.unlink((await w.path("v")).ino, "f")              # gone through this mount
+    w.add("v", "data/f", b"again", mtime=time.time() + 2)        # and created again outside
+    assert await w.names("v") == ["f"] and await w.read("v/f") == b"again"

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from .mounts import data_views, handler, listdir, mounts, put  # noqa: F401
+from ..waiting import wait_until
+from .mounts import CHANGE_TIMEOUT, data_views, handler, listdir, mounts, put  # noqa: F401
 from .test_mount_write import get, keys
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
@@ -81,3 +82,16 @@ def test_names_too_long_are_enametoolong_for_every_operation(mounts, s3, bucket,
     sync(mounts, mp)
     assert get(s3, bucket, "data/short") == b"s"
     assert all(len(k.encode()) <= 1024 for k in keys(s3, bucket))
+
+
+def test_an_outside_overwrite_with_another_size_shows_its_size_and_bytes(
+        mounts, s3, bucket, mode):
+    mp = mounts.mount(data_views(bucket), *mode)
+    path = mp / "data/over.txt"
+    path.write_bytes(b"old\n")
+    sync(mounts, mp)
+    assert os.stat(path).st_size == 4
+    put(s3, bucket, "data/over.txt", b"new one\n")       # another writer, another size
+    wait_until(lambda: os.stat(path).st_size == 8, CHANGE_TIMEOUT,
+               "the mount shows the other writer's size")
+    assert path.read_bytes() == b"new one\n"

@@ -30,15 +30,20 @@ class Pending:
     with ``etag`` (retired when a change with that ETag arrives); ``delete``: gone
     (retired when the handler reports the key gone). ``earlier``: the ETags of this
     mount's earlier uploads of the key whose changes have not arrived yet, oldest first —
-    the change of an earlier upload of the same content must not retire a later one."""
+    the change of an earlier upload of the same content must not retire a later one.
+    ``since``: the wall-clock time the change was made (a put: its request started); the
+    handler keeps only the newest change of a key, so a version of another writer whose
+    time is later is newer than this mount's change and retires it at once."""
 
-    __slots__ = ("kind", "etag", "deadline", "earlier")
+    __slots__ = ("kind", "etag", "deadline", "earlier", "since")
 
-    def __init__(self, kind: str, etag: str | None, deadline: float, earlier: tuple = ()):
+    def __init__(self, kind: str, etag: str | None, deadline: float, earlier: tuple = (),
+                 since: float = math.inf):
         self.kind = kind
         self.etag = etag
         self.deadline = deadline
         self.earlier = earlier[-EARLIER_KEPT:]
+        self.since = since
 
     def unconfirmed(self) -> tuple:
         """The ETags of this mount's uploads still to be confirmed, oldest first."""

@@ -120,14 +120,17 @@ class Tree:
             if etag in p.earlier:  # an earlier upload's (the ones before it are not coming)
                 p.earlier = p.earlier[p.earlier.index(etag) + 1:]
                 return True
-            if etag == p.etag:
-                del vs.overlay[key]
-                return False
-            return True
-        if obj is None:  # delete confirmed
-            del vs.overlay[key]
-            return False
-        return True
+            if etag != p.etag and not self._newer(obj, p):
+                return True  # a version from before this mount's change: not news
+        elif obj is not None and not self._newer(obj, p):
+            return True  # the object this mount deleted (or one before it)
+        del vs.overlay[key]  # confirmed, or replaced by another writer since
+        return False
+
+    @staticmethod
+    def _newer(obj: dict, p: Pending) -> bool:
+        """Whether ``obj`` was written after this mount's change ``p`` was made."""
+        return float(obj.get("mtime") or 0) > p.since
 
     def forget_pending(self, vs: ViewState, key: str) -> None:
         """The overlay of ``vs`` no longer holds a change of ``key``."""
@@ -479,11 +482,14 @@ class Tree:
     # ------------------------------------------------------------ this mount's changes
 
     def local_put(self, bucket: str, key: str, obj: dict, tags: dict, *,
-                  keep_local: bool = False, quiet: ViewState | None = None) -> None:
+                  keep_local: bool = False, quiet: ViewState | None = None,
+                  since: float | None = None) -> None:
         """Show an object this mount just wrote/copied/retagged in every view of ``bucket``
-        it matches (and remove it from those it no longer matches), at once."""
+        it matches (and remove it from those it no longer matches), at once (``since``:
+        the wall-clock time its request started; default now)."""
         now = trio.current_time()
         deadline = now + self.overlay_bound
+        since = time.time() if since is None else since
         for vs in self.catalog.of_bucket(bucket):
             p = vs.overlay.get(key)
             if keep_local and p is not None and p.kind == "local":
@@ -494,7 +500,7 @@ class Tree:
                 earlier = p.unconfirmed() if p is not None and p.deadline > now else ()
                 if earlier[-1:] == (obj["etag"],):  # the same version again (a retag): one change
                     earlier = earlier[:-1]
-                vs.overlay[key] = Pending("put", obj["etag"], deadline, earlier)
+                vs.overlay[key] = Pending("put", obj["etag"], deadline, earlier, since)
                 if vs.by is not None:  # placed by the tags it has now (metadata: as listed)
                     obj = {**obj, "properties": {**(obj.get("metadata") or {}), **tags}}
                 # ``quiet``: the view written through; the kernel knows that file already
@@ -504,20 +510,21 @@ class Tree:
                 vs.overlay.pop(key, None)
                 self.delete(vs, key, remote=False)
                 if present or p is not None:
-                    vs.overlay[key] = Pending("delete", None, deadline)
+                    vs.overlay[key] = Pending("delete", None, deadline, since=since)
 
     def local_delete(self, bucket: str, key: str, also: ViewState | None = None,
                      quiet: bool = False) -> None:
         """This mount deleted (or moved away) ``key``: gone from every view at once
         (``quiet``: the kernel removed the entry of ``also`` itself)."""
         deadline = trio.current_time() + self.overlay_bound
+        since = time.time()
         for vs in self.catalog.of_bucket(bucket):
             p = vs.overlay.pop(key, None)
             node = self.find(vs, key)
             if node is not None and not node.is_dir:
                 self.delete(vs, key, remote=False, notify=not (quiet and vs is also))
             if node is not None or p is not None or vs is also:
-                vs.overlay[key] = Pending("delete", None, deadline)
+                vs.overlay[key] = Pending("delete", None, deadline, since=since)
 
     def drop_local(self, bucket: str, key: str, also: ViewState | None, *,
                    skip: ViewState | None = None) -> None:

@@ -167,6 +167,7 @@ class Uploads:
             ctype = mimetypes.guess_type(key)[0] or "application/octet-stream"
             name = os.path.basename(entry.path)
             self._uploading.add(name)
+            started = time.time()
             try:
                 info = await self._send(entry, size, tags, ctype, base)
             except StoreError as exc:
@@ -188,7 +189,8 @@ class Uploads:
                 self.dirty.rebased(entry, info["etag"], size)
                 self.schedule(entry)
             self.properties.clear()
-            self.tree.local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs)
+            self.tree.local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs,
+                                since=started)
             return True
 
     async def _upload_error(self, entry: CacheEntry, exc: StoreError, what: str, bucket: str,
