@@ -20,38 +20,22 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from delvefs.devtools.localservices import LocalServices
-from delvefs.shared import s3 as s3api
-from delvefs.shared.config import S3Settings
-
-from ..integration.mounts import Mounts, fuse_available, started_handler
 from . import workload
 from .outside import OutsideWriter
-from .trees import differences, local_tree, s3_tree
+from .stack import stack, views
+from .trees import differences, digest, local_tree, s3_tree
 
 OUTSIDE = "outside"
 SHARED = "shared"
 # lines of a mount's or the handler's log worth reading after a run
-LOG_PATTERN = re.compile(r"Traceback|ERROR|CRITICAL|unexpected|conflict|failed", re.IGNORECASE)
-
-
-def views(bucket: str, ttl: float) -> str:
-    return f"""
-    data:
-      bucket: {bucket}
-      object: "data/*"
-      ttl: {ttl}s
-    """
+LOG_PATTERN = re.compile(r"Traceback|ERROR|CRITICAL|WARNING|unexpected|conflict|(?<!0 )failed", re.IGNORECASE)
 
 
 def log(msg: str) -> None:
@@ -92,6 +76,7 @@ class Run:
         self.work.mkdir(parents=True, exist_ok=True)
         self.reference = self.work / "reference"
         self.findings: list[str] = []
+        self.categories: dict[str, list[str]] = {}  # kind of mismatch -> where
         self.report: dict = {"seed": self.seed, "mode": args.mode, "seconds": args.seconds,
                              "workers": args.workers, "work_dir": str(self.work),
                              "replay": self.replay_command(), "times": {}}
@@ -117,30 +102,18 @@ class Run:
         log(f"seed {self.seed}, mode {self.args.mode}, {self.args.workers} workers, "
             f"{self.args.seconds:g} s; work dir {self.work}")
         log(f"replay: {self.report['replay']}")
-        if not fuse_available():
-            raise SystemExit("/dev/fuse or fusermount3 missing")
         start = time.monotonic()
-        with LocalServices(self.work / "services") as svc:
-            env = svc.env()
-            self.handler = started_handler(env, self.work / "handler-state")
-            self.s3 = s3api.make_client(S3Settings.from_env(env))
-            self.bucket = f"stress-{uuid.uuid4().hex[:10]}"
-            s3api.ensure_bucket(self.s3, self.bucket)
-            s3api.wire_notifications(self.s3, self.bucket, svc.minio.notify_arn)
-            self.mounts = Mounts(self.work, {**os.environ, **env, "DELVEFS_HANDLER_URL": self.handler.url,
-                                             "DELVEFS_HANDLER_TOKEN": self.handler.token or "",
-                                             "DELVEFS_STATE_HOME": str(self.work / "state")})
-            try:
-                self.mp = self.mounts.mount(views(self.bucket, self.args.ttl),
-                                            *(["--eager"] if self.eager else []))
-                self.timed("setup", start)
-                self.stress()
-                self.finish()
-            finally:
-                self.mounts.cleanup()
-                self.handler.close()
+        with stack(self.work) as st:
+            self.stack, self.handler, self.s3, self.bucket, self.mounts = (
+                st, st.handler, st.s3, st.bucket, st.mounts)
+            self.mp = self.mounts.mount(views(self.bucket, self.args.ttl),
+                                        *(["--eager"] if self.eager else []))
+            self.timed("setup", start)
+            self.stress()
+            self.finish()
         self.timed("total", start)
         self.report["findings"] = self.findings
+        self.report["mismatch_kinds"] = self.categories
         (self.work / "report.json").write_text(json.dumps(self.report, indent=1))
         self.print_report()
         return 1 if self.findings else 0
@@ -154,7 +127,7 @@ class Run:
         outside = None
         if not a.no_outside:
             outside = OutsideWriter(
-                s3api.make_client(S3Settings.from_env(self.mounts.env)), self.bucket, f"data/{OUTSIDE}/",
+                self.stack.client(), self.bucket, f"data/{OUTSIDE}/",
                 str(data / OUTSIDE), seed=self.seed, deadline=deadline, eager=self.eager,
                 converge_timeout=a.converge_timeout or a.ttl + 20 + a.handler_down,
                 log_path=str(self.work / "outside.log"))
@@ -215,6 +188,8 @@ class Run:
         if result.get("crash"):
             self.find(f"worker {result['index']} crashed at {json.dumps(result.get('last_op'))}:\n{result['crash']}")
         for m in result["mismatches"]:
+            kind = self.categories.setdefault(category(m), [])
+            kind.append(f"worker {result['index']} op {m['n']}")
             self.find(f"worker {result['index']} op {m['n']} {m['op']} {m.get('path')!s}: mount "
                       f"{short(m['mount'])} vs reference {short(m['reference'])} — {json.dumps(m)[:600]}")
         for e in result["shared_errors"]:
@@ -284,7 +259,6 @@ class Run:
     def expected(self) -> tuple[dict, set[str]]:
         """What data/ must hold: each worker's reference and the outside writer's objects;
         and the tainted paths the comparison skips."""
-        from .trees import digest
         expected, ignored = {}, set()
         for result in self.results:
             i = result["index"]
@@ -305,10 +279,7 @@ class Run:
             return set()
 
     def logs(self) -> dict[str, Path]:
-        found = {"handler": self.handler.log_path}
-        for cache in sorted(self.work.glob("cache-*")):
-            found[f"mount {cache.name}"] = cache / "mount.log"
-        return found
+        return {"handler": self.handler.log_path, **self.stack.mount_logs()}
 
     def print_report(self) -> None:
         rep = self.report
@@ -330,6 +301,34 @@ class Run:
                 print("\n".join(lines[:15]))
         for f in self.findings:
             print(f"FOUND {f}")
+        if self.categories:
+            print("--- mismatches by kind ---")
+            for kind, where in sorted(self.categories.items(), key=lambda kv: -len(kv[1])):
+                print(f"{len(where):4d}  {kind}  (e.g. {', '.join(where[:3])})")
+
+
+def category(m: dict) -> str:
+    """A mismatch's kind, without its numbers: the report groups mismatches by it."""
+    op, mount, ref = m["op"], m["mount"], m["reference"]
+    if isinstance(mount, list) and isinstance(ref, list) and mount and isinstance(mount[0], list):
+        steps = sorted({a[0] for a, b in zip(mount, ref) if a != b})
+        return f"{op}: step(s) {'/'.join(steps)} differ"
+
+    def shape(v) -> str:
+        if v is None:
+            return "ok"
+        if isinstance(v, str):
+            return v
+        if isinstance(v, list) and len(v) == 2 and isinstance(v[0], int):
+            return "bytes"
+        return "size" if isinstance(v, int) else type(v).__name__
+
+    where = " (descriptor of an unlinked or replaced file)" if "handle" in m and m.get("path") is None else ""
+    if shape(mount) == shape(ref) == "bytes":
+        return f"{op}: {'other size' if mount[0] != ref[0] else 'same size, other bytes'}{where}"
+    if shape(mount) == shape(ref):
+        return f"{op}: other {shape(mount)}{where}"
+    return f"{op}: mount {shape(mount)}, reference {shape(ref)}{where}"
 
 
 def short(value) -> str:

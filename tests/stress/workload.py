@@ -113,10 +113,10 @@ def file_size(path: str):
 
 @dataclass
 class Handle:
+    id: int            # the worker's serial number of the descriptor pair (in the log)
     path: str | None   # its name now (renames followed); None once unlinked or replaced
     mount_fd: int
     ref_fd: int
-    opened_as: str
 
 
 class Worker:
@@ -138,6 +138,7 @@ class Worker:
         self.counts: dict[str, int] = {}
         self.ops = 0
         self.op: dict = {}
+        self.handle_serial = 0
 
     # --- the loop ---
 
@@ -153,7 +154,7 @@ class Worker:
             else:
                 self.step()
         for h in list(self.handles):
-            self.begin({"op": "close", "handle": h.opened_as, "path": h.path, "at_end": True})
+            self.begin({"op": "close", "handle": h.id, "path": h.path, "at_end": True})
             self.close_handle(h)
         return {"index": self.index, "ops": self.ops, "counts": self.counts,
                 "mismatches": self.mismatches, "tainted": sorted(self.tainted),
@@ -165,7 +166,7 @@ class Worker:
         self.log.write(json.dumps(self.op) + "\n")
         self.counts[op["op"]] = self.counts.get(op["op"], 0) + 1
 
-    def compare(self, op: dict, mount, ref, paths: list[str | None]) -> bool:
+    def compare(self, op: dict, mount, ref, paths: list[str | None], handle: Handle | None = None) -> bool:
         if mount == ref:
             return True
         found = {**self.op, **op, "mount": mount, "reference": ref}
@@ -174,14 +175,20 @@ class Worker:
         for p in paths:
             if p is not None:
                 self.taint(p)
+        if handle is not None and handle in self.handles:  # also one of a file without a name
+            self.drop(handle)
         return False
 
     def taint(self, path: str) -> None:
         self.tainted.add(path)
         for h in [h for h in self.handles if h.path == path]:
-            self.handles.remove(h)
-            for fd in (h.mount_fd, h.ref_fd):
-                attempt(closed, fd)
+            self.drop(h)
+
+    def drop(self, h: Handle) -> None:
+        """Forget a descriptor pair whose outcomes differed (closed, errors ignored)."""
+        self.handles.remove(h)
+        for fd in (h.mount_fd, h.ref_fd):
+            attempt(closed, fd)
 
     # --- choosing ---
 
@@ -247,7 +254,7 @@ class Worker:
         self.begin({"op": "open", "path": path, "flags": flags})
         m, r = self.both(os.open, path, flags, 0o644)
         if isinstance(m, int) and isinstance(r, int):
-            self.handles.append(Handle(path, m, r, path))
+            self.handles.append(self.new_handle(path, m, r))
             return
         if self.compare({}, "fd" if isinstance(m, int) else m, "fd" if isinstance(r, int) else r, [path]):
             return
@@ -255,14 +262,19 @@ class Worker:
             if isinstance(fd, int):
                 attempt(closed, fd)
 
+    def new_handle(self, path: str, mount_fd: int, ref_fd: int) -> Handle:
+        self.handle_serial += 1
+        self.log.write(json.dumps({"handle": self.handle_serial, "opened": path}) + "\n")
+        return Handle(self.handle_serial, path, mount_fd, ref_fd)
+
     def handle(self) -> Handle:
         return self.rng.choice(self.handles)
 
     def on_handle(self, h: Handle, op: dict, action, *args) -> bool:
         """Run ``action(fd, *args)`` on both descriptors of ``h``; compare."""
-        self.begin({**op, "handle": h.opened_as, "path": h.path})
+        self.begin({**op, "handle": h.id, "path": h.path})
         return self.compare({}, attempt(action, h.mount_fd, *args), attempt(action, h.ref_fd, *args),
-                            [h.path, h.opened_as])
+                            [h.path], h)
 
     def ref_size(self, h: Handle) -> int:
         return os.fstat(h.ref_fd).st_size
@@ -295,17 +307,17 @@ class Worker:
 
     def close_handle(self, h: Handle) -> bool:
         self.handles.remove(h)
-        return self.compare({}, attempt(closed, h.mount_fd), attempt(closed, h.ref_fd), [h.path, h.opened_as])
+        return self.compare({}, attempt(closed, h.mount_fd), attempt(closed, h.ref_fd), [h.path])
 
     def do_close(self, files) -> None:
         h = self.handle()
-        self.begin({"op": "close", "handle": h.opened_as, "path": h.path})
+        self.begin({"op": "close", "handle": h.id, "path": h.path})
         self.close_handle(h)
 
     def do_reopen(self, files) -> None:
         """Close a descriptor, open its file again, read it whole."""
         h = self.handle()
-        self.begin({"op": "reopen", "handle": h.opened_as, "path": h.path})
+        self.begin({"op": "reopen", "handle": h.id, "path": h.path})
         if not self.close_handle(h) or h.path is None:
             return
         m, r = self.both(os.open, h.path, os.O_RDWR)
@@ -316,11 +328,11 @@ class Worker:
                 if isinstance(fd, int):
                     attempt(closed, fd)
             return
-        again = Handle(h.path, m, r, h.path)
+        again = self.new_handle(h.path, m, r)
         self.handles.append(again)
         size = self.ref_size(again)
         self.compare({"step": "read"}, attempt(lambda fd: summary(read_all(fd, 0, size + 1)), m),
-                     attempt(lambda fd: summary(read_all(fd, 0, size + 1)), r), [h.path])
+                     attempt(lambda fd: summary(read_all(fd, 0, size + 1)), r), [h.path], again)
 
     def do_pwrite_path(self, files) -> None:
         path = self.rng.choice(files)
