@@ -51,6 +51,9 @@ def parse(argv=None) -> argparse.Namespace:
                     help="eager: the mount's --eager flag")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--ops", type=int, help="operations per worker at most (a replay of the same length)")
+    ap.add_argument("--without", default="", metavar="OP[,OP...]",
+                    help="operations the workers leave out (e.g. a bug already known that would "
+                         "drown the others): " + ", ".join(workload.OPERATIONS))
     ap.add_argument("--shared-share", type=float, default=0.1,
                     help="share of each worker's operations on names all workers share (default 0.1)")
     ap.add_argument("--no-outside", action="store_true", help="no outside S3 writer")
@@ -64,7 +67,11 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--hang-timeout", type=float, default=180,
                     help="a worker still running this long after --seconds is reported hung and killed")
     ap.add_argument("--work-dir", help="default: a new directory under $TMPDIR")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    unknown = [op for op in args.without.split(",") if op and op not in workload.OPERATIONS]
+    if unknown:
+        ap.error(f"--without: no operation {', '.join(unknown)}")
+    return args
 
 
 class Run:
@@ -87,6 +94,8 @@ class Run:
                  f"--seconds {a.seconds:g}", f"--workers {a.workers}"]
         if a.ops:
             words.append(f"--ops {a.ops}")
+        if a.without:
+            words.append(f"--without {a.without}")
         return " ".join(words)
 
     def timed(self, what: str, start: float) -> None:
@@ -138,6 +147,7 @@ class Run:
             config = {"index": i, "seed": self.seed, "mount_dir": str(data / f"w{i}"),
                       "ref_dir": str(self.reference / f"w{i}"), "shared_dir": str(data / SHARED),
                       "shared_share": a.shared_share, "deadline": deadline, "max_ops": a.ops,
+                      "without": [op for op in a.without.split(",") if op],
                       "log_path": str(self.work / f"worker{i}.log"),
                       "result_path": str(self.work / f"worker{i}.json")}
             p = spawn.Process(target=workload.main, args=(config,), name=f"worker{i}")
