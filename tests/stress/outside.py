@@ -140,7 +140,7 @@ class OutsideWriter(threading.Thread):
             if kept != old:
                 self.finding("a descriptor opened before an overwrite did not keep the old version",
                              path=name, old=len(old), new=len(new), read=len(kept),
-                             read_is_new=kept == new)
+                             what_it_read=relation(kept, old, new))
             after = os.stat(path).st_ino
             self.note(op="inode", name=name, before=before, after=after)
             if self.eager and after == before:
@@ -199,3 +199,18 @@ def read_all(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+def relation(data: bytes, old: bytes, new: bytes) -> str:
+    """What ``data`` is made of, in terms of two versions of a file."""
+    if data == new:
+        return "the new version"
+    if data == old[:len(data)]:
+        return f"the old version's first {len(data)} bytes"
+    if data == new[:len(data)]:
+        return f"the new version's first {len(data)} bytes"
+    if not data.strip(b"\0"):
+        return "zeros"
+    same_old = sum(a == b for a, b in zip(data, old))
+    same_new = sum(a == b for a, b in zip(data, new))
+    return f"neither: {same_old} bytes agree with the old version, {same_new} with the new one"
