@@ -268,17 +268,18 @@ class Run:
 
     def expected(self) -> tuple[dict, set[str]]:
         """What data/ must hold: each worker's reference and the outside writer's objects;
-        and the tainted paths the comparison skips."""
+        and the paths the comparison skips (changed by an operation whose outcomes differed)."""
         expected, ignored = {}, set()
         for result in self.results:
             i = result["index"]
             files, _ = local_tree(str(self.reference / f"w{i}"))
             expected.update({f"w{i}/{p}": e for p, e in files.items()})
-            if result.get("hung") or result.get("crash") or "tainted" not in result:
+            if result.get("hung") or result.get("crash") or "unknown" not in result:
                 ignored.update(f"w{i}/{p}" for p in workload.NAMES)  # its state is unknown
                 ignored.update(p for p in self.every_path() if p.startswith(f"w{i}/"))
             else:
-                ignored.update(f"w{i}/{p}" for p in result["tainted"])
+                # a name only a read disagreed on keeps its expected content: compared
+                ignored.update(f"w{i}/{p}" for p in result["unknown"])
         expected.update({f"{OUTSIDE}/{n}": digest(b) for n, b in self.outside_model.items()})
         return expected, ignored
 
@@ -299,7 +300,8 @@ class Run:
         print(f"times (s): {json.dumps(rep['times'])}")
         for r in self.results:
             print(f"worker {r['index']}: {r.get('ops')} ops, {len(r.get('mismatches', []))} mismatches, "
-                  f"tainted {r.get('tainted', [])}" + (" HUNG" if r.get("hung") else ""))
+                  f"tainted {r.get('tainted', [])}, of which not compared {r.get('unknown', [])}"
+                  + (" HUNG" if r.get("hung") else ""))
         if "outside" in rep:
             print(f"outside writer: {json.dumps(rep['outside'].get('counts'))}, convergence "
                   f"{json.dumps(rep['outside'].get('convergence_seconds'))}")

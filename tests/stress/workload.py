@@ -9,7 +9,8 @@ reference's state and the worker's random generator only, so a seed replays the 
 sequence (as far as the time bound lets it run: ``--ops`` fixes the length).
 
 A path whose outcomes differed once is *tainted*: the worker leaves it alone from then on
-(its descriptors are closed) and the final comparison skips it — one finding, not a cascade.
+(its descriptors are closed) — one finding, not a cascade — and the final comparison skips
+it unless only a read disagreed (then the reference still says what it must hold).
 
 A share of the operations (``shared_share``) goes to a directory all workers share, on the
 mount only: races between processes on the same names, without a model. There only the
@@ -40,6 +41,8 @@ OPERATIONS = {
     "read": 9, "truncate": 4, "ftruncate": 4, "fsync": 4, "close": 7, "reopen": 4,
     "rename": 6, "unlink": 5, "unlink_while_open": 3, "stat": 4, "fstat": 3, "listdir": 3,
 }
+# operations that change nothing: a path they disagree on keeps its expected content
+READ_ONLY = {"read", "pread", "fstat", "stat", "listdir"}
 HANDLE_OPERATIONS = {"pwrite", "pread", "ftruncate", "fsync", "close", "reopen", "fstat"}
 PATH_OPERATIONS = {"pwrite_path", "append", "read", "truncate", "rename", "unlink", "stat"}
 
@@ -135,6 +138,7 @@ class Worker:
         self.log = open(config["log_path"], "w", buffering=1)
         self.handles: list[Handle] = []
         self.tainted: set[str] = set()
+        self.unknown: set[str] = set()  # tainted by an operation that changes it: state unknown
         self.mismatches: list[dict] = []
         self.shared_errors: list[dict] = []
         self.counts: dict[str, int] = {}
@@ -160,7 +164,7 @@ class Worker:
             self.close_handle(h)
         return {"index": self.index, "ops": self.ops, "counts": self.counts,
                 "mismatches": self.mismatches, "tainted": sorted(self.tainted),
-                "shared_errors": self.shared_errors}
+                "unknown": sorted(self.unknown), "shared_errors": self.shared_errors}
 
     def begin(self, op: dict) -> None:
         """Log the operation before it runs (a hang leaves it as the last line)."""
@@ -174,15 +178,18 @@ class Worker:
         found = {**self.op, **op, "mount": mount, "reference": ref}
         self.mismatches.append(found)
         self.log.write(json.dumps({"mismatch": found}) + "\n")
+        read_only = self.op.get("op") in READ_ONLY or op.get("step") == "read"
         for p in paths:
             if p is not None:
-                self.taint(p)
+                self.taint(p, read_only)
         if handle is not None and handle in self.handles:  # also one of a file without a name
             self.drop(handle)
         return False
 
-    def taint(self, path: str) -> None:
+    def taint(self, path: str, read_only: bool = False) -> None:
         self.tainted.add(path)
+        if not read_only:
+            self.unknown.add(path)
         for h in [h for h in self.handles if h.path == path]:
             self.drop(h)
 
