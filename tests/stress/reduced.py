@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix=f"delvefs-reduced-{args.mode}-"))
     failed: dict[str, list] = {}
     with stack(work) as st:
-        mp = st.mounts.mount(views(st.bucket, args.ttl), *(["--eager"] if args.mode == "eager" else []))
+        mp = st.mount(views(st.bucket, args.ttl), *(["--eager"] if args.mode == "eager" else []))
         for name in args.case or [*CASES, OUTSIDE_CASE]:
             for i in range(args.repeat):
                 if name == OUTSIDE_CASE:
@@ -175,8 +175,10 @@ def main(argv=None) -> int:
                         {"round": i, "differ": [(g[0], g[1], w[1]) for g, w in zip(got, want) if g != w]})
             print(f"{'FAILS' if name in failed else 'ok   '} {name} ({len(failed.get(name, []))}/{args.repeat})",
                   flush=True)
-        r = st.mounts.run("sync", str(mp))
+        r = st.run("sync", str(mp))
         print(f"delvefs sync: exit {r.returncode} {r.stdout.strip()} {r.stderr.strip()}")
+        r = st.umount(mp, check=False)
+        print(f"delvefs umount: exit {r.returncode} {r.stdout.strip()} {r.stderr.strip()}")
     for name, rounds in failed.items():
         print(f"--- {name} ({args.mode}): first failing round, (step, mount, local):")
         print(json.dumps(rounds[0], indent=1))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import workload
 from .outside import OutsideWriter
-from .stack import stack, views
+from .stack import another_client, mount_logs, stack, views
 from .trees import differences, digest, local_tree, s3_tree
 
 OUTSIDE = "outside"
@@ -112,9 +112,8 @@ class Run:
             f"{self.args.seconds:g} s; work dir {self.work}")
         log(f"replay: {self.report['replay']}")
         start = time.monotonic()
-        with stack(self.work) as st:
-            self.stack, self.handler, self.s3, self.bucket, self.mounts = (
-                st, st.handler, st.s3, st.bucket, st.mounts)
+        with stack(self.work) as mounts:
+            self.mounts, self.handler, self.s3, self.bucket = mounts, mounts.handler, mounts.s3, mounts.bucket
             self.mp = self.mounts.mount(views(self.bucket, self.args.ttl),
                                         *(["--eager"] if self.eager else []))
             self.timed("setup", start)
@@ -136,7 +135,7 @@ class Run:
         outside = None
         if not a.no_outside:
             outside = OutsideWriter(
-                self.stack.client(), self.bucket, f"data/{OUTSIDE}/",
+                another_client(self.mounts), self.bucket, f"data/{OUTSIDE}/",
                 str(data / OUTSIDE), seed=self.seed, deadline=deadline, eager=self.eager,
                 converge_timeout=a.converge_timeout or a.ttl + 20 + a.handler_down,
                 log_path=str(self.work / "outside.log"))
@@ -290,7 +289,7 @@ class Run:
             return set()
 
     def logs(self) -> dict[str, Path]:
-        return {"handler": self.handler.log_path, **self.stack.mount_logs()}
+        return {"handler": self.handler.log_path, **mount_logs(self.work)}
 
     def print_report(self) -> None:
         rep = self.report

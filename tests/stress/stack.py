@@ -1,19 +1,16 @@
-"""The services one stress run stands on: private MinIO + RabbitMQ, the event handler
-(the integration tier's helper: tests/integration/mounts.py), a bucket wired to it, and
-``Mounts`` to mount views of it — all stopped again when the block ends."""
+"""The services one stress run stands on: private MinIO + RabbitMQ, and on them the
+integration tier's private stack (tests/integration/mounts.py: the event handler, a
+bucket wired to it, ``Mounts`` to mount views of it) — all stopped when the block ends."""
 from __future__ import annotations
 
 import contextlib
-import os
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from delvefs.devtools.localservices import LocalServices
 from delvefs.shared import s3 as s3api
 from delvefs.shared.config import S3Settings
 
-from ..integration.mounts import Mounts, fuse_available, started_handler
+from ..integration.mounts import Mounts, close_private_stack, private_stack
 
 
 def views(bucket: str, ttl: float) -> str:
@@ -26,40 +23,21 @@ def views(bucket: str, ttl: float) -> str:
     """
 
 
-@dataclass
-class Stack:
-    work: Path
-    handler: object   # the integration tier's handler process: .stop(), .start(), .log_path
-    s3: object        # a boto3 client (delvefs.shared.s3)
-    bucket: str
-    mounts: Mounts
-
-    def client(self):
-        """Another S3 client, for another thread."""
-        return s3api.make_client(S3Settings.from_env(self.mounts.env))
-
-    def mount_logs(self) -> dict[str, Path]:
-        return {f"mount {cache.name}": cache / "mount.log" for cache in sorted(self.work.glob("cache-*"))}
-
-
 @contextlib.contextmanager
 def stack(work: Path):
-    if not fuse_available():
-        raise SystemExit("/dev/fuse or fusermount3 missing")
+    """``Mounts`` with ``.s3``, ``.bucket``, ``.handler`` (``.stop()``, ``.start()``)."""
     with LocalServices(work / "services") as svc:
-        env = svc.env()
-        handler = started_handler(env, work / "handler-state")
+        mounts = private_stack(lambda: svc, work)
         try:
-            s3 = s3api.make_client(S3Settings.from_env(env))
-            bucket = f"stress-{uuid.uuid4().hex[:10]}"
-            s3api.ensure_bucket(s3, bucket)
-            s3api.wire_notifications(s3, bucket, svc.minio.notify_arn)
-            mounts = Mounts(work, {**os.environ, **env, "DELVEFS_HANDLER_URL": handler.url,
-                                   "DELVEFS_HANDLER_TOKEN": handler.token or "",
-                                   "DELVEFS_STATE_HOME": str(work / "state")})
-            try:
-                yield Stack(work, handler, s3, bucket, mounts)
-            finally:
-                mounts.cleanup()
+            yield mounts
         finally:
-            handler.close()
+            close_private_stack(mounts)
+
+
+def another_client(mounts: Mounts):
+    """Another S3 client on the stack's store, for another thread."""
+    return s3api.make_client(S3Settings.from_env(mounts.env))
+
+
+def mount_logs(work: Path) -> dict[str, Path]:
+    return {f"mount {cache.name}": cache / "mount.log" for cache in sorted(work.glob("cache-*"))}
