@@ -30,7 +30,7 @@ from pathlib import Path
 from . import workload
 from .outside import OutsideWriter
 from .stack import another_client, mount_logs, stack, views
-from .trees import differences, digest, local_tree, s3_tree
+from .trees import differences, differing_ranges, digest, local_tree, s3_tree
 
 OUTSIDE = "outside"
 SHARED = "shared"
@@ -255,7 +255,7 @@ class Run:
             for path, reason in sorted(unreadable.items()):
                 self.find(f"{where}: unreadable {path}: {reason}")
             for line in differences(expected, own(tree), where, ignore=ignored):
-                self.find(line)
+                self.find(line + (self.where_it_differs(line) if where == "S3" else ""))
         # the shared names have no model: S3 is the truth the mounts must show
         for where, tree in (("live mount", live), ("fresh mount", fresh)):
             for line in differences(shared(in_s3), shared(tree), f"{where} vs S3 (shared names)"):
@@ -264,6 +264,19 @@ class Run:
                                 "live_mount": len(live), "fresh_mount": len(fresh),
                                 "shared_in_s3": len(shared(in_s3))}
         self.report["logs"] = {name: notable_lines(path) for name, path in self.logs().items()}
+
+    def where_it_differs(self, line: str) -> str:
+        """For a worker's file whose S3 object differs from its reference: the byte ranges."""
+        match = re.match(r"S3: differs (w\d+/\S+):", line)
+        if not match:
+            return ""
+        path = match.group(1)
+        try:
+            want = (self.reference / path).read_bytes()
+            got = self.s3.get_object(Bucket=self.bucket, Key=f"data/{path}")["Body"].read()
+        except Exception as exc:  # noqa: BLE001 — a detail of a finding, not a finding
+            return f" (could not compare: {exc})"
+        return f"; {differing_ranges(want, got)}"
 
     def expected(self) -> tuple[dict, set[str]]:
         """What data/ must hold: each worker's reference and the outside writer's objects;

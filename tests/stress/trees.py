@@ -70,3 +70,24 @@ def differences(expected: dict[str, Entry], actual: dict[str, Entry], where: str
 def _reason(exc: OSError) -> str:
     import errno
     return errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno else str(exc)
+
+
+def differing_ranges(expected: bytes, actual: bytes, limit: int = 4) -> str:
+    """Where two contents differ: the first ``limit`` byte ranges (end exclusive), and what
+    the actual bytes there are when they are all zeros."""
+    ranges, start = [], None
+    for i in range(max(len(expected), len(actual))):
+        same = i < len(expected) and i < len(actual) and expected[i] == actual[i]
+        if not same and start is None:
+            start = i
+        elif same and start is not None:
+            ranges.append((start, i))
+            start = None
+    if start is not None:
+        ranges.append((start, max(len(expected), len(actual))))
+    shown = []
+    for a, b in ranges[:limit]:
+        zeros = actual[a:b] and not actual[a:b].strip(b"\0")
+        shown.append(f"{a}-{b}{' (zeros)' if zeros else ''}")
+    more = f" and {len(ranges) - limit} more" if len(ranges) > limit else ""
+    return f"{len(ranges)} range(s) differ: {', '.join(shown)}{more}"
