@@ -72,19 +72,19 @@ def _reason(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno else str(exc)
 
 
-def differing_ranges(expected: bytes, actual: bytes, limit: int = 4) -> str:
-    """Where two contents differ: the first ``limit`` byte ranges (end exclusive), and what
+def differing_ranges(expected: bytes, actual: bytes, limit: int = 4, gap: int = 64) -> str:
+    """Where two contents differ: the first ``limit`` byte ranges (end exclusive; ranges
+    fewer than ``gap`` equal bytes apart are one: random bytes agree by chance), and what
     the actual bytes there are when they are all zeros."""
-    ranges, start = [], None
+    ranges: list[list[int]] = []
     for i in range(max(len(expected), len(actual))):
         same = i < len(expected) and i < len(actual) and expected[i] == actual[i]
-        if not same and start is None:
-            start = i
-        elif same and start is not None:
-            ranges.append((start, i))
-            start = None
-    if start is not None:
-        ranges.append((start, max(len(expected), len(actual))))
+        if same:
+            continue
+        if ranges and i - ranges[-1][1] < gap:
+            ranges[-1][1] = i + 1
+        else:
+            ranges.append([i, i + 1])
     shown = []
     for a, b in ranges[:limit]:
         zeros = actual[a:b] and not actual[a:b].strip(b"\0")
