@@ -481,3 +481,18 @@ async def test_an_outside_overwrite_after_this_mounts_upload_shows_at_once(make_
     await w.fs.unlink((await w.path("v")).ino, "f")              # gone through this mount
     w.add("v", "data/f", b"again", mtime=time.time() + 2)        # and created again outside
     assert await w.names("v") == ["f"] and await w.read("v/f") == b"again"
+
+
+async def test_a_descriptor_open_across_another_writers_close_writes_the_same_file(make_world):
+    """Every descriptor open for writing writes one file, also after an fsync uploaded it
+    and another descriptor was opened, written and closed meanwhile: nothing is lost."""
+    w = await make_world(wview()).start()
+    fh1, node = await w.open_write("v/f", os.O_RDWR | os.O_CREAT)
+    await w.fs.write(fh1, 0, b"a")
+    await w.fs.fsync(fh1)                                  # uploaded: clean, still open
+    await w.write("v/f", b"bb", flags=os.O_WRONLY)         # another descriptor writes, closes
+    assert await w.fs.read(fh1, 0, 10) == b"bb"            # one file: fd1 sees those bytes
+    await w.fs.write(fh1, 2, b"c")
+    await w.fs.setattr(node.ino, size=4, fh=fh1)           # ftruncate through fd1 works too
+    await w.close(fh1)
+    assert w.obj("v", "data/f")["data"] == b"bbc\0"

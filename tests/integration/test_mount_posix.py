@@ -95,3 +95,47 @@ def test_an_outside_overwrite_with_another_size_shows_its_size_and_bytes(
     wait_until(lambda: os.stat(path).st_size == 8, CHANGE_TIMEOUT,
                "the mount shows the other writer's size")
     assert path.read_bytes() == b"new one\n"
+
+
+def test_descriptors_open_for_writing_share_one_file_across_fsync_and_other_closes(
+        mounts, s3, bucket, mode):
+    mp = mounts.mount(data_views(bucket), *mode)
+    path = mp / "data/shared.bin"
+    path.write_bytes(b"o" * 1000)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)                                   # uploaded; the descriptor stays open
+        with open(path, "r+b") as other:               # another descriptor writes and closes
+            other.write(b"n" * 10)
+        assert os.pread(fd, 12, 0) == b"n" * 10 + b"oo"
+        os.pwrite(fd, b"x", 10)                        # then the first one writes
+        os.ftruncate(fd, 20)
+    finally:
+        os.close(fd)
+    sync(mounts, mp)
+    assert get(s3, bucket, "data/shared.bin") == b"n" * 10 + b"x" + b"o" * 9
+    fd = os.open(path, os.O_RDWR)                      # and across a truncating rewrite
+    try:
+        assert os.pread(fd, 1, 0) == b"n"
+        path.write_bytes(b"w" * 5)
+        assert os.pread(fd, 100, 0) == b"w" * 5
+    finally:
+        os.close(fd)
+
+
+def test_a_descriptor_keeps_the_version_it_read_over_an_outside_overwrite(
+        mounts, s3, bucket, mode):
+    mp = mounts.mount(data_views(bucket), *mode)
+    path = mp / "data/kept.bin"
+    put(s3, bucket, "data/kept.bin", b"o" * 2367)
+    wait_until(lambda: path.exists() and path.read_bytes() == b"o" * 2367, CHANGE_TIMEOUT,
+               "the object shows")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 1 << 20, 0) == b"o" * 2367
+        put(s3, bucket, "data/kept.bin", b"n" * 1882)
+        wait_until(lambda: path.read_bytes() == b"n" * 1882, CHANGE_TIMEOUT,
+                   "the new version shows by path")
+        assert os.pread(fd, 1 << 20, 0) == b"o" * 2367   # the descriptor keeps its version
+    finally:
+        os.close(fd)

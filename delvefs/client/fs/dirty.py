@@ -168,6 +168,13 @@ class DirtyFiles:
             for field, value in self._record(entry, view=view, base=base).items():
                 entry.meta.setdefault(field, value)
             return entry
+        if entry is not None and entry.writers:
+            # uploaded (an fsync) while a descriptor still writes to it: it stays the key's
+            # one file, which every descriptor open for writing writes and reads
+            self.redirty(entry, view)
+            if truncate and entry.size:
+                self.truncate(entry, 0)
+            return entry
         sparse = not truncate and bool(base) and size > 0
         clean = entry if sparse and entry is not None and entry.etag == base \
             and entry.size == size else None

@@ -69,6 +69,11 @@ class Handles:
         """Whether a handle writes to ``node``."""
         return any(h.writer and h.node is node for h in self.files.values())
 
+    def reading(self, node: File, besides: FileHandle | None = None) -> bool:
+        """Whether a handle open for reading only (other than ``besides``) holds ``node``."""
+        return any(not h.writer and h.node is node and h is not besides
+                   for h in self.files.values())
+
     def close_all(self) -> None:
         for fh in list(self.files):
             h = self.files.pop(fh)

@@ -68,8 +68,8 @@ class Reads:
             if info is not None and (info["etag"] != node.etag or info["size"] != node.size):
                 # S3 is ahead of the listing: show what was read
                 node = self.tree.object_changed(node, info["size"],
-                                            int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
-                                            info["etag"])
+                                                int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
+                                                info["etag"], reader=h)
             if entry.etag == node.etag and not entry.dirty:
                 self.tree.served(node.ino, entry.etag)
             return h.fd

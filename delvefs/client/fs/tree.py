@@ -229,17 +229,21 @@ class Tree:
             vs.overlay[entry.key] = Pending("local", None, math.inf)
         return node
 
-    def object_changed(self, node: File, size: int, mtime_ns: int, etag: str) -> File:
+    def object_changed(self, node: File, size: int, mtime_ns: int, etag: str, *,
+                       reader=None) -> File:
         """``node``'s object is another version now (not one the kernel wrote through it):
-        the kernel must drop what it cached. With the writeback cache the kernel keeps the
-        size and mtime of an inode it holds whatever the mount answers, so a held file of
-        another size gets a new inode in its place (as if replaced by a rename: open
-        descriptors keep the old one; the kernel's name for it is dropped, asynchronously)
-        — unless a handle writes to it (its writes must land in its file). The same size
-        (a copy, a rewrite): the same inode, its pages dropped; only its mtime stays the
-        kernel's. Returns the file now in the tree."""
-        if self.writeback_cache and size != node.size and node.nlookup and not node.gone \
-                and not self.handles.writing(node):
+        the kernel must drop what it cached. A file with descriptors open for reading gets a
+        new inode in its place (as if replaced by a rename): the kernel's page cache is the
+        inode's, so pages the new version's readers bring in would otherwise be read
+        through the old descriptors, which keep their version. With the writeback cache the
+        kernel keeps the size and mtime of an inode it holds whatever the mount answers, so
+        a held file of another size gets a new inode too. Never while a handle writes to it
+        (its writes must land in its file). Otherwise (the same size, or no writeback
+        cache): the same inode, its pages dropped. The kernel's name for a replaced inode
+        is dropped, asynchronously (``reader``: the handle that found the new version, which
+        reads it). Returns the file now in the tree."""
+        if node.nlookup and not node.gone and not self.handles.writing(node) and (
+                self.handles.reading(node, besides=reader) or self.writeback_cache and size != node.size):
             parent, name = node.parent, node.name
             self.table.detach(node)  # stays in the table until the kernel forgets it
             self._served.pop(node.ino, None)
