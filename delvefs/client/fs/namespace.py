@@ -199,7 +199,8 @@ class Namespace:
         sb, sk, db = src_vs.bucket, node.key, dst_vs.bucket
         entry = self.cache.get(sb, sk)
         if entry is not None and entry.dirty:
-            async with self.uploads.entry_lock(entry):
+            # a dirty file it replaces may be uploading: that upload ends first
+            async with self.uploads.entry_locks(entry, self._dirty_at(db, dk)):
                 if entry.dirty and (entry.bucket, entry.key) == (sb, sk):
                     await self.uploads.keep_source(entry, "renaming (fetching what it lacks)")
                     # a file S3 never had leaves alone an object of its key (another
@@ -226,19 +227,20 @@ class Namespace:
         if not self.catalog.can_match(dst_vs, dk, node.size, tags):
             raise FsError(errno.EXDEV, f"{dk} cannot be in view {dst_vs.name} (mv copies, then "
                           "removes: the copy is a scratch file of this mount)")
-        replaced = self.cache.get(db, dk)
-        if replaced is not None and replaced.dirty and replaced.opens:  # read through a handle
-            await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
-        try:
-            await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
-            info = await self.store.copy(db, dk, sb, sk)
-        except StoreError as exc:
-            raise store_failure(exc, "copying (rename)", sb, sk) from exc
-        try:
-            await self.store.delete(sb, sk)
-        except StoreError as exc:
-            raise store_failure(exc, "deleting (rename; the copy exists)", sb, sk) from exc
-        self._discard_dirty(db, dk, None, dst_vs)  # replaced: a local copy of the target is void
+        replaced = self._dirty_at(db, dk)
+        async with self.uploads.entry_locks(replaced):  # its upload, if one runs, ends first
+            if replaced is not None and replaced.dirty and replaced.opens:  # read through a handle
+                await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
+            try:
+                await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
+                info = await self.store.copy(db, dk, sb, sk)
+            except StoreError as exc:
+                raise store_failure(exc, "copying (rename)", sb, sk) from exc
+            try:
+                await self.store.delete(sb, sk)
+            except StoreError as exc:
+                raise store_failure(exc, "deleting (rename; the copy exists)", sb, sk) from exc
+            self._discard_dirty(db, dk, None, dst_vs)  # replaced: a local copy of the target is void
         ce = self.cache.get(sb, sk)
         if ce is not None and not ce.dirty and ce.etag == info["etag"]:
             self.dirty.rekey(ce, db, dk)  # the very version copied: still valid
@@ -249,6 +251,11 @@ class Namespace:
                 self.cache.forget(db, dk)
         result["obj"] = {"key": dk, "size": info["size"], "mtime": info["mtime"], "etag": info["etag"]}
         result["tags"] = tags
+
+    def _dirty_at(self, bucket: str, key: str):
+        """The dirty entry of ``bucket/key``, if there is one."""
+        entry = self.cache.get(bucket, key)
+        return entry if entry is not None and entry.dirty else None
 
     def _discard_dirty(self, bucket: str, key: str, keep, dst_vs: ViewState) -> None:
         """A rename into ``dst_vs`` replaces ``bucket/key``: a dirty local copy there (other

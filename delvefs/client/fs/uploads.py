@@ -29,6 +29,7 @@ of a key whose DELETE is still queued sends that delete first (``DeleteQueue.set
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import math
@@ -93,6 +94,16 @@ class Uploads:
 
     def entry_lock(self, entry: CacheEntry) -> trio.Lock:
         return self._locks.setdefault(os.path.basename(entry.path), trio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def entry_locks(self, *entries: CacheEntry | None):
+        """The locks of several entries (None: none), taken in one order (by file name), so
+        two renames in opposite directions never wait for each other."""
+        unique = {os.path.basename(e.path): e for e in entries if e is not None}
+        async with contextlib.AsyncExitStack() as stack:
+            for name in sorted(unique):
+                await stack.enter_async_context(self.entry_lock(unique[name]))
+            yield
 
     def schedule(self, entry: CacheEntry, *, failed: bool = False) -> None:
         name = os.path.basename(entry.path)
@@ -197,6 +208,8 @@ class Uploads:
                             key: str) -> NoReturn:
         """An upload (or what it needed first) failed: S3 has another version (``Changed``):
         the entry becomes a conflict copy, EIO; else it stays dirty, to be retried."""
+        if entry.meta is None:  # discarded meanwhile: nothing is left to keep or retry
+            raise store_failure(exc, what, bucket, key) from exc
         if isinstance(exc, Changed):
             await self.conflict(entry, str(exc))
             raise FsError(errno.EIO, str(exc), logged=True) from exc
