@@ -65,9 +65,13 @@ class NullNotifier:
 
 
 class FileSystem(Attributes, Reads, Writes, Uploads, Namespace, Xattrs, Views, Tree):
-    def __init__(self, views, handler, store, cache: DataCache, *, notifier=None,
-                 uid: int | None = None, gid: int | None = None, page_size: int = 20000,
-                 eager: bool = False, upload_concurrency: int = 16):
+    def __init__(self, views, handler, store, cache: DataCache, settings=None, *, notifier=None,
+                 reregister=None, uid: int | None = None, gid: int | None = None,
+                 page_size: int = 20000, eager: bool = False, upload_concurrency: int = 16):
+        # TEMPORARY: the new signature onto the old attributes (the lead's core replaces it)
+        if settings is not None:
+            uid, gid, page_size = settings.uid, settings.gid, settings.page_size
+            eager, upload_concurrency = settings.eager, settings.upload_concurrency
         now_ns = time.time_ns()
         self.table = InodeTable(now_ns)
         self.handler = handler
@@ -125,6 +129,13 @@ class FileSystem(Attributes, Reads, Writes, Uploads, Namespace, Xattrs, Views, T
         self.stream_parts = False                # strict mode: send parts while written
         # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
         self._own_tags: collections.OrderedDict = collections.OrderedDict()
+        self.reregister = reregister
+        if settings is not None:
+            self.stream_parts = settings.upload_while_writing
+            self.file_mode, self.dir_mode, self.umask = settings.file_mode, settings.dir_mode, settings.umask
+            self.stale_after, self.scan_wait = settings.stale_after, settings.scan_wait
+            self.retry_initial, self.retry_max = settings.retry_initial, settings.retry_max
+            self.delete_gather, self.overlay_bound = settings.delete_gather, settings.overlay_bound
 
     def close(self) -> None:
         for fh in list(self.files):
