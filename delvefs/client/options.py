@@ -116,14 +116,14 @@ class MountOption:
 
 MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("cache_dir", "--cache-dir", "cache_dir", _text("cache_dir"),
-                "local cache directory (default: ~/.cache/delvefs/mounts/<hash>)"),
+                "local cache directory (default: ~/.cache/delvefs/mounts/<hash>)", metavar="DIR"),
     MountOption("cache_size", "--cache-size", "cache_size", parse_size,
                 "bound on clean cached data: 10GiB or 10G = 10*2^30 bytes, 10GB = 10*10^9 "
                 "(default: none; either way the smaller of 5%% and 1 GiB of the cache's file "
-                "system is kept free)"),
+                "system is kept free)", metavar="SIZE"),
     MountOption("handler_url", "--handler", "handler", _text("handler"),
                 "handler URL, or comma-separated URLs of the active handler and its standbys "
-                "(default: $DELVEFS_HANDLER_URL); -o handler= may be repeated"),
+                "(default: $DELVEFS_HANDLER_URL); -o handler= may be repeated", metavar="URL[,URL...]"),
     MountOption("foreground", "--foreground", None, None, "stay in the foreground, log to stderr",
                 default=False),
     MountOption("eager", "--eager", "eager", None,
@@ -144,18 +144,20 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 "unmount when the daemon dies, even by SIGKILL (fusermount3 stays behind to do it)",
                 default=False),
     MountOption("uid", "--uid", "uid", _id("uid", "user", _user),
-                "owner shown for every file and directory, number or name (default: the mounting user)"),
+                "owner shown for every file and directory, number or name (default: the mounting user)",
+                metavar="UID"),
     MountOption("gid", "--gid", "gid", _id("gid", "group", _group),
                 "group shown for every file and directory, number or name (default: the mounting "
-                "user's)"),
+                "user's)", metavar="GID"),
     MountOption("umask", "--umask", "umask", _octal("umask"),
                 "octal permission bits taken away from every mode shown (default 0)",
-                default=0, show=_mode_text),
+                default=0, metavar="OCTAL", show=_mode_text),
     MountOption("file_mode", "--file-mode", "file_mode", _octal("file_mode"),
                 "octal permission bits of files (default 0644; a read-only view's lose their "
-                "write bits)", show=_mode_text),
+                "write bits)", metavar="OCTAL", show=_mode_text),
     MountOption("dir_mode", "--dir-mode", "dir_mode", _octal("dir_mode"),
-                "octal permission bits of directories (default 0755; as files)", show=_mode_text),
+                "octal permission bits of directories (default 0755; as files)", metavar="OCTAL",
+                show=_mode_text),
     MountOption("config_file", "--config", "config", _text("config"),
                 "KEY=VALUE lines read into the environment first (S3 and handler settings of "
                 "fstab and systemd mounts; AWS_*, DELVEFS_*, proxies only; not writable by "
