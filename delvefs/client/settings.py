@@ -34,6 +34,11 @@ def capped_scan_wait(wait: float, limit_file: str = KERNEL_REQUEST_TIMEOUT) -> f
 
 @dataclass(frozen=True)
 class MountSettings:
+    """Everything a mount is told, resolved (uid and gid are numbers, the cache directory
+    and the handler URL are chosen): its options, what the environment says, and the
+    constants of the file system core. ``writeback_cache`` and ``fuse_options`` follow
+    from the rest."""
+
     # what is mounted where (absolute paths; None in tests without a mount)
     views_path: str | None = None
     mountpoint: str | None = None
