@@ -5,7 +5,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from delvefs.client.mount import mounted_fstype
+from delvefs.client.mountpoints import mounted_fstype
 
 
 def mount_s3fs(env: dict, work: Path, bucket: str, mountpoint: Path, timeout: float = 30) -> None:

@@ -1,14 +1,20 @@
 """The ``delvefs`` command: one console script, one subcommand per SPEC contract.
 
-Each subcommand's flags are declared here (the contract other tools rely on);
-its implementation lives in the module named in COMMANDS and is imported only
-when that subcommand runs, so ``delvefs check`` never loads pyfuse3 or pika.
+Each subcommand's flags are declared here (the contract other tools rely on), but those
+of ``delvefs mount``: the table of delvefs/client/options.py declares each of them once,
+flag and ``-o`` option together. A subcommand's implementation lives in the module named
+in COMMANDS and is imported only when that subcommand runs, so ``delvefs check`` never
+loads pyfuse3 or pika. :func:`main_helper` is ``mount.fuse.delvefs``, mount(8)'s helper
+for ``fuse.delvefs`` lines of /etc/fstab.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+
+from .client.options import add_mount_arguments
 
 # subcommand -> (module, function(args) -> exit code)
 COMMANDS = {
@@ -57,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "this long (default: $DELVEFS_VIEW_TTL or 604800 = 7 days; 0 = never)")
     p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (chain)")
     p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
-    _add_logging(p, "stderr")
+    _add_logging(p)
 
     p = sub.add_parser("principal", help="issue, revoke and list the event handler's API tokens",
                        description="Each user of the event handler is a principal with a token of "
@@ -90,40 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "returns when the mount is ready unless --foreground.")
     p.add_argument("views", metavar="VIEWS.yaml")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("--cache-dir", help="local cache directory (default: ~/.cache/delvefs/mounts/<hash>)")
-    p.add_argument("--cache-size", help="bound on clean cached data: 10GiB or 10G = 10*2^30 bytes, "
-                   "10GB = 10*10^9 (default: none; either way the smaller of 5%% and 1 GiB of the "
-                   "cache's file system is kept free)")
-    p.add_argument("--handler", help="handler URL, or comma-separated URLs of the active handler and "
-                   "its standbys (default: $DELVEFS_HANDLER_URL)")
-    p.add_argument("--foreground", action="store_true", help="stay in the foreground, log to stderr")
-    p.add_argument("--eager", action="store_true",
-                   help="close returns once the file is safe in the local journal; uploads and "
-                        "batched deletes follow in the background ($DELVEFS_UPLOAD_CONCURRENCY at "
-                        "a time, default 16); fsync and `delvefs sync` wait for them")
-    p.add_argument("-o", dest="options", action="append", metavar="OPT[,OPT...]",
-                   help="mount options as in fstab: allow_other, ro, uid=, umask=, cache_size=, ... "
-                        "(docs/CONFIGURATION.md); a flag wins over the same option")
-    p.add_argument("--read-only", action="store_true", help="every view read-only: writes answer EROFS")
-    p.add_argument("--allow-other", action="store_true",
-                   help="let other users use the mount; the kernel then checks the mode bits shown "
-                        "(default_permissions). Needs user_allow_other in /etc/fuse.conf unless root")
-    p.add_argument("--allow-root", action="store_true", help="let root use the mount too")
-    p.add_argument("--default-permissions", action="store_true",
-                   help="the kernel checks the owner and mode bits shown for every access")
-    p.add_argument("--auto-unmount", action="store_true",
-                   help="unmount when the daemon dies, even by SIGKILL (fusermount3 stays behind to do it)")
-    p.add_argument("--uid", help="owner shown for every file and directory (default: the mounting user)")
-    p.add_argument("--gid", help="group shown for every file and directory (default: the mounting user's)")
-    p.add_argument("--umask", help="octal permission bits taken away from every mode shown (default 0)")
-    p.add_argument("--file-mode", help="octal permission bits of files (default 0644; a read-only "
-                   "view's lose their write bits)")
-    p.add_argument("--dir-mode", help="octal permission bits of directories (default 0755; as files)")
-    p.add_argument("--config", metavar="FILE",
-                   help="KEY=VALUE lines read into the environment first (S3 and handler settings "
-                        "of fstab and systemd mounts; AWS_*, DELVEFS_*, proxies only; not writable "
-                        "by group or others)")
-    _add_logging(p, "<cache-dir>/mount.log unless --foreground")
+    add_mount_arguments(p)  # the table of delvefs/client/options.py: flags and -o alike
 
     p = sub.add_parser("umount", help="flush dirty files, then unmount")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -183,15 +156,13 @@ def _add_version(parser: argparse.ArgumentParser) -> None:
                         help="print the version and exit")
 
 
-def _add_logging(p: argparse.ArgumentParser, default_file: str) -> None:
+def _add_logging(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", metavar="LEVEL", type=str.upper,
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="debug, info, warning or error (default: $DELVEFS_LOG_LEVEL, else info)")
     p.add_argument("--log-file", metavar="FILE",
-                   help=f"log to FILE, rotated at 10 MiB, 5 kept (default: {default_file})")
-    p.add_argument("--debug", action="store_true",
-                   help="log level debug" + (", stay in the foreground and log each FUSE request"
-                                             if "mount" in default_file else ""))
+                   help="log to FILE, rotated at 10 MiB, 5 kept (default: stderr)")
+    p.add_argument("--debug", action="store_true", help="log level debug")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,17 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-") and "-o" in argv:
         # mount.fuse3 runs `delvefs VIEWS DIR -o OPTIONS` for a fuse.delvefs line of /etc/fstab
         # where /sbin/mount.fuse.delvefs is not installed
-        from .client.options import main_helper
         return main_helper(argv)
     args = build_parser().parse_args(argv)
-    if args.command == "mount":
-        # -o and --config first: a config file sets variables the modules read at import
-        from .client.options import OptionError, apply
-        try:
-            apply(args)
-        except OptionError as exc:
-            print(f"delvefs mount: {exc}", file=sys.stderr)
-            return 2
     module_name, func_name = COMMANDS[args.command]
     try:
         module = importlib.import_module(module_name)
@@ -219,6 +181,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"delvefs {args.command}: not implemented yet", file=sys.stderr)
         return 2
     return getattr(module, func_name)(args)
+
+
+def main_helper(argv: list[str] | None = None) -> int:
+    """``mount.fuse.delvefs VIEWS DIR [-sfnv] [-o OPTIONS] [-t fuse.delvefs]``: mount(8)'s
+    helper for ``fuse.delvefs`` lines of /etc/fstab (``VIEWS DIR fuse.delvefs OPTIONS 0 0``);
+    mounts with ``delvefs mount``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    positional, options = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-o" and i + 1 < len(argv):
+            options.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("-o") and len(arg) > 2:
+            options.append(arg[2:])
+        elif arg == "-t" and i + 1 < len(argv):
+            i += 1  # the type: fuse.delvefs
+        elif re.fullmatch(r"-[sfnv]+", arg):
+            pass  # sloppy, fake, no mtab, verbose: nothing to do (FUSE keeps no mtab)
+        else:
+            positional.append(arg)
+        i += 1
+    if len(positional) != 2:
+        print("usage: mount.fuse.delvefs VIEWS.yaml MOUNTPOINT [-o OPTIONS]", file=sys.stderr)
+        return 2
+    return main(["mount", *positional, *[x for o in options for x in ("-o", o)]])
 
 
 if __name__ == "__main__":

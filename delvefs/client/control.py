@@ -26,6 +26,9 @@ import struct
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from ..shared.config import state_home
+from .mountpoints import mounted_fstype, run_file
+
 log = logging.getLogger("delvefs.client.control")
 
 MAX_REQUEST = 1 << 20
@@ -36,11 +39,9 @@ class ControlError(Exception):
     """A one-line, user-facing reason why a control operation failed."""
 
 
-def socket_path(mountpoint: str) -> Path:
+def socket_path(mountpoint: str, state_dir: Path) -> Path:
     """Where the mount at ``mountpoint`` (a real path) listens."""
-    from .mount import run_file  # late: mount.py imports this module
-
-    path = run_file(mountpoint).with_suffix(".sock")
+    path = run_file(mountpoint, state_dir).with_suffix(".sock")
     if len(os.fsencode(path)) <= _SUN_PATH_MAX:
         return path
     return Path(f"/tmp/delvefs-{os.getuid()}") / path.name
@@ -60,14 +61,12 @@ Handler = Callable[[dict], Awaitable[dict]]
 
 
 class ControlServer:
-    """Serves registered operations on the mount's socket (inside the mount's nursery)."""
+    """Serves ``operations`` (name -> async fn(args) -> result) on the socket at ``path``
+    (inside the mount's nursery)."""
 
-    def __init__(self, mountpoint: str):
-        self.path = socket_path(mountpoint)
-        self._ops: dict[str, Handler] = {}
-
-    def handle(self, op: str, fn: Handler) -> None:
-        self._ops[op] = fn
+    def __init__(self, path: Path, operations: dict[str, Handler]):
+        self.path = path
+        self._ops = dict(operations)
 
     async def serve(self, task_status=None) -> None:
         import trio
@@ -144,15 +143,13 @@ async def _read_line(stream) -> bytes:
 
 def request(mountpoint: str, op: str, timeout: float | None = None, **args) -> dict:
     """Send ``op`` to the mount at ``mountpoint`` and return its result (blocking)."""
-    from .mount import mounted_fstype  # late: mount.py imports this module
-
     real = os.path.realpath(mountpoint)
     fstype = mounted_fstype(real)
     if fstype is None:
         raise ControlError(f"{real} is not mounted")
     if fstype != "fuse.delvefs":
         raise ControlError(f"{real} is a {fstype} mount, not DelveFS")
-    path = socket_path(real)
+    path = socket_path(real, state_home())
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:

@@ -387,7 +387,14 @@ class HandlerOperations:
 
 
 class HandlerClient(HandlerOperations):
-    """The mount's client: every operation is a coroutine."""
+    """The mount's client: every operation is a coroutine. ``reprove``: async (), presents
+    fresh proofs (registers again) when a view request is answered as if this principal
+    held no grant for it; the request is then sent once more."""
+
+    def __init__(self, base_url: str | list[str], token: str | None = None, *, timeout: float = 20.0,
+                 reprove=None):
+        super().__init__(base_url, token, timeout=timeout)
+        self.reprove = reprove
 
     def _new_client(self, options: dict) -> httpx.AsyncClient:
         return httpx.AsyncClient(**options, limits=httpx.Limits(max_connections=16))
@@ -401,10 +408,6 @@ class HandlerClient(HandlerOperations):
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
-
-    # set by the mount: presents fresh proofs (registers again) when a view request is
-    # answered as if this principal held no grant for it; the request is then sent once more
-    reprove = None
 
     async def _call(self, request: ApiRequest):
         try:

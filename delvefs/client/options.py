@@ -1,28 +1,26 @@
-"""``delvefs mount -o OPT,OPT``: mount options as s3fs, rclone and fstab spell them.
+"""The options of ``delvefs mount``: one table, :data:`MOUNT_OPTIONS`, declares each once —
+its long flag, its ``-o`` name as s3fs, rclone and fstab spell it, how its text is read,
+its default and its help. The table makes both the flags of ``delvefs mount``
+(:func:`add_mount_arguments`, called by the CLI) and the ``-o`` parsing (:func:`parse_o`);
+delvefs/client/settings.py folds both, the config file and the environment into one
+:class:`~delvefs.client.settings.MountSettings`. A flag given on the command line wins over
+the same ``-o`` option. Unknown options are refused with the list of known ones. The
+generic options mount(8) passes from /etc/fstab (``rw``, ``nofail``, ``_netdev``,
+``x-systemd.*``, ...) are accepted and ignored.
 
-One table, ``OPTIONS``, maps each ``-o`` option to the attribute of the parsed arguments
-that its long flag sets (``-o uid=1000`` is ``--uid 1000``, ``-o ro`` is ``--read-only``),
-so the rest of the mount sees one set of settings however they were given; a flag given
-on the command line wins over the same ``-o`` option. Unknown options are refused with the
-list of known ones. The generic options mount(8) passes from /etc/fstab (``rw``,
-``nofail``, ``_netdev``, ``x-systemd.*``, ...) are accepted and ignored.
-
-``config=FILE`` (``--config``) reads ``KEY=VALUE`` lines into the environment before
-anything reads it: an fstab mount has no user shell, so its S3 endpoint and keys and the
-handler's URL and token come from such a file. The file must not be writable by group or
-others and may set only ``AWS_*``, ``DELVEFS_*``, the proxy variables and the CA bundle
-variables: options are visible to every user (``ps``), so secrets go in the file.
-
-``main_helper`` is ``mount.fuse.delvefs``: mount(8)'s helper for ``fuse.delvefs`` lines
-of /etc/fstab (``VIEWS DIR fuse.delvefs OPTIONS 0 0``), called as ``mount.fuse.delvefs
-VIEWS DIR [-sfnv] [-o OPTIONS]``.
+``config=FILE`` (``--config``) names a file of ``KEY=VALUE`` lines read into the
+environment before the settings are (:func:`load_config`): an fstab mount has no user
+shell, so its S3 endpoint and keys and the handler's URL and token come from such a file.
+The file must not be writable by group or others and may set only ``AWS_*``,
+``DELVEFS_*``, the proxy variables and the CA bundle variables: options are visible to
+every user (``ps``), so secrets go in the file.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import stat
-import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,6 +28,8 @@ from typing import Callable
 class OptionError(ValueError):
     """A one-line, user-facing reason why the options are refused."""
 
+
+# ----------------------------------------------------------------- how values are read
 
 def _octal(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
@@ -42,25 +42,28 @@ def _octal(name: str) -> Callable[[str], int]:
     return parse
 
 
-def _id(name: str, lookup) -> Callable[[str], int]:
+def _id(name: str, what: str, lookup: Callable[[str], int]) -> Callable[[str], int]:
     def parse(text: str) -> int:
         if text.isdigit():
             return int(text)
         try:
             return lookup(text)
         except KeyError:
-            raise OptionError(f"{name}={text}: no such {'user' if name == 'uid' else 'group'}") from None
+            raise OptionError(f"{name}={text}: no such {what}") from None
     return parse
 
 
-def _uid(text: str) -> int:
+def _user(name: str) -> int:
     import pwd
-    return _id("uid", lambda n: pwd.getpwnam(n).pw_uid)(text)
+    return pwd.getpwnam(name).pw_uid
 
 
-def _gid(text: str) -> int:
+def _group(name: str) -> int:
     import grp
-    return _id("gid", lambda n: grp.getgrnam(n).gr_gid)(text)
+    return grp.getgrnam(name).gr_gid
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _level(text: str) -> str:
@@ -78,42 +81,99 @@ def _text(name: str) -> Callable[[str], str]:
     return parse
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# as rclone and s3fs: a bare K/M/G/T is binary (10G = 10 GiB); KB/MB/GB/TB are decimal
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4,
+          "tb": 1000**4, "tib": 1024**4}
 
+
+def parse_size(text: str) -> int:
+    """``10G``/``10GiB`` -> 10*2^30, ``10GB`` -> 10*10^9, ``1000000`` -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise OptionError(f"--cache-size {text!r}: expected a size such as 500MiB, 10G (= 10GiB), "
+                          "10GB (= 10^10 bytes) or 1000000")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _mode_text(value: int) -> str:
+    return f"{value:04o}"
+
+
+# ----------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
-class Option:
-    dest: str                     # attribute of the parsed arguments (the long flag's)
-    flag: str                     # the long flag, for messages and the re-executed daemon
-    parse: Callable[[str], object] | None  # None: a switch without value
+class MountOption:
+    field: str                     # the MountSettings field it sets (and the parsed flag's dest)
+    flag: str                      # the long flag of `delvefs mount`
+    name: str | None               # the -o name; None: a flag only
+    parse: Callable[[str], object] | None  # text -> value; None: a switch without value
     help: str
+    default: object = None         # when neither the flag nor -o gives it
+    metavar: str | None = None
+    show: Callable[[object], str] = str  # value -> the flag's text (the daemon gets flags)
 
 
-# -o name -> what it sets. docs/CONFIGURATION.md lists them all (tests check it).
-OPTIONS: dict[str, Option] = {
-    "allow_other": Option("allow_other", "--allow-other", None,
-                          "let other users use the mount (implies default_permissions)"),
-    "allow_root": Option("allow_root", "--allow-root", None,
-                         "let root (and the mount's user) use the mount"),
-    "default_permissions": Option("default_permissions", "--default-permissions", None,
-                                  "the kernel checks the mode bits shown for every access"),
-    "auto_unmount": Option("auto_unmount", "--auto-unmount", None,
-                           "unmount when the daemon dies, even by SIGKILL"),
-    "ro": Option("read_only", "--read-only", None, "every view read-only: writes answer EROFS"),
-    "uid": Option("uid", "--uid", _uid, "owner shown for every file and directory"),
-    "gid": Option("gid", "--gid", _gid, "group shown for every file and directory"),
-    "umask": Option("umask", "--umask", _octal("umask"), "permission bits taken away"),
-    "file_mode": Option("file_mode", "--file-mode", _octal("file_mode"), "permission bits of files"),
-    "dir_mode": Option("dir_mode", "--dir-mode", _octal("dir_mode"), "permission bits of directories"),
-    "cache_dir": Option("cache_dir", "--cache-dir", _text("cache_dir"), "local cache directory"),
-    "cache_size": Option("cache_size", "--cache-size", _text("cache_size"), "bound on clean cached data"),
-    "handler": Option("handler", "--handler", _text("handler"), "the event handler's URL (repeatable)"),
-    "eager": Option("eager", "--eager", None, "close returns once the file is journaled"),
-    "config": Option("config", "--config", _text("config"), "environment file (KEY=VALUE lines)"),
-    "log_level": Option("log_level", "--log-level", _level, "debug, info, warning or error"),
-    "log_file": Option("log_file", "--log-file", _text("log_file"), "log file (rotated)"),
-    "debug": Option("debug", "--debug", None, "log level debug and one line per FUSE request"),
-}
+MOUNT_OPTIONS: tuple[MountOption, ...] = (
+    MountOption("cache_dir", "--cache-dir", "cache_dir", _text("cache_dir"),
+                "local cache directory (default: ~/.cache/delvefs/mounts/<hash>)", metavar="DIR"),
+    MountOption("cache_size", "--cache-size", "cache_size", parse_size,
+                "bound on clean cached data: 10GiB or 10G = 10*2^30 bytes, 10GB = 10*10^9 "
+                "(default: none; either way the smaller of 5%% and 1 GiB of the cache's file "
+                "system is kept free)", metavar="SIZE"),
+    MountOption("handler_url", "--handler", "handler", _text("handler"),
+                "handler URL, or comma-separated URLs of the active handler and its standbys "
+                "(default: $DELVEFS_HANDLER_URL); -o handler= may be repeated", metavar="URL[,URL...]"),
+    MountOption("foreground", "--foreground", None, None, "stay in the foreground, log to stderr",
+                default=False),
+    MountOption("eager", "--eager", "eager", None,
+                "close returns once the file is safe in the local journal; uploads and batched "
+                "deletes follow in the background ($DELVEFS_UPLOAD_CONCURRENCY at a time, "
+                "default 16); fsync and `delvefs sync` wait for them", default=False),
+    MountOption("read_only", "--read-only", "ro", None,
+                "every view read-only: writes answer EROFS", default=False),
+    MountOption("allow_other", "--allow-other", "allow_other", None,
+                "let other users use the mount; the kernel then checks the mode bits shown "
+                "(default_permissions). Needs user_allow_other in /etc/fuse.conf unless root",
+                default=False),
+    MountOption("allow_root", "--allow-root", "allow_root", None,
+                "let root use the mount too", default=False),
+    MountOption("default_permissions", "--default-permissions", "default_permissions", None,
+                "the kernel checks the owner and mode bits shown for every access", default=False),
+    MountOption("auto_unmount", "--auto-unmount", "auto_unmount", None,
+                "unmount when the daemon dies, even by SIGKILL (fusermount3 stays behind to do it)",
+                default=False),
+    MountOption("uid", "--uid", "uid", _id("uid", "user", _user),
+                "owner shown for every file and directory, number or name (default: the mounting user)",
+                metavar="UID"),
+    MountOption("gid", "--gid", "gid", _id("gid", "group", _group),
+                "group shown for every file and directory, number or name (default: the mounting "
+                "user's)", metavar="GID"),
+    MountOption("umask", "--umask", "umask", _octal("umask"),
+                "octal permission bits taken away from every mode shown (default 0)",
+                default=0, metavar="OCTAL", show=_mode_text),
+    MountOption("file_mode", "--file-mode", "file_mode", _octal("file_mode"),
+                "octal permission bits of files (default 0644; a read-only view's lose their "
+                "write bits)", metavar="OCTAL", show=_mode_text),
+    MountOption("dir_mode", "--dir-mode", "dir_mode", _octal("dir_mode"),
+                "octal permission bits of directories (default 0755; as files)", metavar="OCTAL",
+                show=_mode_text),
+    MountOption("config_file", "--config", "config", _text("config"),
+                "KEY=VALUE lines read into the environment first (S3 and handler settings of "
+                "fstab and systemd mounts; AWS_*, DELVEFS_*, proxies only; not writable by "
+                "group or others)", metavar="FILE"),
+    MountOption("log_level", "--log-level", "log_level", _level,
+                "debug, info, warning or error (default: $DELVEFS_LOG_LEVEL, else info)",
+                metavar="LEVEL"),
+    MountOption("log_file", "--log-file", "log_file", _text("log_file"),
+                "log to FILE, rotated at 10 MiB, 5 kept (default: <cache-dir>/mount.log unless "
+                "--foreground)", metavar="FILE"),
+    MountOption("debug", "--debug", "debug", None,
+                "log level debug, stay in the foreground and log each FUSE request", default=False),
+)
+
+# -o name -> its option (docs/CONFIGURATION.md lists them all; tests check it)
+BY_NAME: dict[str, MountOption] = {o.name: o for o in MOUNT_OPTIONS if o.name}
 
 # mount(8)'s generic options, passed along from /etc/fstab: nothing for DelveFS to do
 # (FUSE mounts are always nosuid and nodev; boot ordering is systemd's business)
@@ -122,9 +182,18 @@ IGNORED = frozenset({"rw", "suid", "nosuid", "dev", "nodev", "exec", "noexec", "
                      "noatime", "relatime", "atime", "async"})
 IGNORED_PREFIXES = ("x-", "comment=")
 
-# variables a config file may set
-CONFIG_VARIABLES = re.compile(r"(AWS_|DELVEFS_)[A-Z0-9_]+|(?i:https?_proxy|no_proxy)|"
-                              r"SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE")
+
+def add_mount_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``delvefs mount``, each option's and ``-o``. Values stay text: the
+    settings read flags and ``-o`` options alike (:func:`read`)."""
+    for option in MOUNT_OPTIONS:
+        if option.parse is None:
+            parser.add_argument(option.flag, dest=option.field, action="store_true", help=option.help)
+        else:
+            parser.add_argument(option.flag, dest=option.field, metavar=option.metavar, help=option.help)
+    parser.add_argument("-o", dest="options", action="append", metavar="OPT[,OPT...]",
+                        help="mount options as in fstab: allow_other, ro, uid=, umask=, cache_size=, "
+                             "... (docs/CONFIGURATION.md); a flag wins over the same option")
 
 
 def split(text: str) -> list[str]:
@@ -145,61 +214,70 @@ def split(text: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
-def parse(groups: list[str] | None) -> dict[str, object]:
-    """The ``-o`` arguments (each comma-separated) -> {dest: value}. ``handler`` may be
-    given more than once (the active handler and its standbys, in order)."""
-    settings: dict[str, object] = {}
+def parse_o(groups: list[str] | None) -> dict[str, object]:
+    """The ``-o`` arguments (each comma-separated) -> {field: text, or True for a switch}.
+    ``handler`` may be given more than once (the active handler and its standbys, in order)."""
+    given: dict[str, object] = {}
     for group in groups or ():
         for item in split(group):
             name, has_value, value = item.partition("=")
             if name in IGNORED or item.startswith(IGNORED_PREFIXES):
                 continue
-            option = OPTIONS.get(name)
+            option = BY_NAME.get(name)
             if option is None:
-                raise OptionError(f"unknown mount option {name!r}; known: {', '.join(OPTIONS)} "
+                raise OptionError(f"unknown mount option {name!r}; known: {', '.join(BY_NAME)} "
                                   f"(and mount(8)'s generic ones, ignored: {', '.join(sorted(IGNORED))}, x-*)")
             if option.parse is None:
                 if has_value:
                     raise OptionError(f"mount option {name} takes no value")
-                settings[option.dest] = True
+                given[option.field] = True
                 continue
             if not has_value:
                 raise OptionError(f"mount option {name} needs a value: {name}=...")
-            parsed = option.parse(value)
-            if name == "handler" and option.dest in settings:
-                parsed = f"{settings[option.dest]},{parsed}"
-            settings[option.dest] = parsed
-    return settings
+            if option.field == "handler_url" and option.field in given:
+                value = f"{given[option.field]},{value}"
+            given[option.field] = value
+    return given
 
 
-def apply(args) -> None:
-    """Fold ``args.options`` (the ``-o`` arguments) into ``args``: each option sets its
-    long flag's attribute unless that flag was given. Then read ``args.config`` into the
-    environment and settle what the options imply. Raises OptionError."""
-    for dest, value in parse(getattr(args, "options", None)).items():
-        if not hasattr(args, dest):  # its flag is not part of this build's `delvefs mount`
-            name = next(n for n, o in OPTIONS.items() if o.dest == dest)
-            raise OptionError(f"mount option {name} is not supported by this delvefs mount")
-        if getattr(args, dest, None) in (None, False):
-            setattr(args, dest, value)
-    for dest in ("umask", "file_mode", "dir_mode"):  # the long flags give text
-        value = getattr(args, dest, None)
-        if isinstance(value, str):
-            setattr(args, dest, _octal(dest.replace("_", "-"))(value))
-    for dest, convert in (("uid", _uid), ("gid", _gid)):
-        value = getattr(args, dest, None)
-        if isinstance(value, str):
-            setattr(args, dest, convert(value))
-    if getattr(args, "log_level", None):
-        args.log_level = _level(args.log_level)
-    if getattr(args, "allow_other", False) and getattr(args, "allow_root", False):
+def read(args) -> dict[str, object]:
+    """Every option's value from the parsed flags of ``delvefs mount`` and their ``-o``
+    options: a flag wins over the same option; text is read by the option's parser; what
+    neither gives is the option's default. Raises OptionError."""
+    by_o = parse_o(getattr(args, "options", None))
+    values: dict[str, object] = {}
+    for option in MOUNT_OPTIONS:
+        value = getattr(args, option.field, None)
+        if value is None or value is False:
+            value = by_o.get(option.field, option.default)
+        if isinstance(value, str) and option.parse is not None:
+            value = option.parse(value)
+        values[option.field] = value
+    if values["allow_other"] and values["allow_root"]:
         raise OptionError("allow_other and allow_root exclude each other (allow_other includes root)")
-    if getattr(args, "allow_other", False):
+    if values["allow_other"]:
         # other users' requests run with the mount's S3 credentials: the kernel must check
         # them against the owner and mode bits shown
-        args.default_permissions = True
-    if getattr(args, "config", None):
-        load_config(args.config)
+        values["default_permissions"] = True
+    return values
+
+
+def as_flags(values, skip: tuple[str, ...] = ()) -> list[str]:
+    """The long flags that give the options of ``values`` (an object with the options'
+    fields: the settings) again, but those whose field is in ``skip`` and those at their
+    default."""
+    flags: list[str] = []
+    for option in MOUNT_OPTIONS:
+        value = getattr(values, option.field)
+        if option.field in skip or value is None or value is False or value == option.default:
+            continue
+        flags += [option.flag] if option.parse is None else [option.flag, option.show(value)]
+    return flags
+
+
+# variables a config file may set
+CONFIG_VARIABLES = re.compile(r"(AWS_|DELVEFS_)[A-Z0-9_]+|(?i:https?_proxy|no_proxy)|"
+                              r"SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE")
 
 
 def load_config(path: str, environ=None) -> dict[str, str]:
@@ -235,39 +313,10 @@ def load_config(path: str, environ=None) -> dict[str, str]:
     return values
 
 
-def forward_flags(args, skip: tuple[str, ...] = ()) -> list[str]:
-    """The long flags that give the daemon the settings of ``args`` (after ``apply``), but
-    those of ``skip`` (option names); the config file is not among them: its variables are
-    in the environment already, and the daemon gets its cache directory resolved."""
-    flags: list[str] = []
-    for name, option in OPTIONS.items():
-        if name in ("config", "cache_dir") or name in skip:
-            continue
-        value = getattr(args, option.dest, None)
-        if value in (None, False):
-            continue
-        if option.parse is None:
-            flags.append(option.flag)
-        elif option.dest in ("umask", "file_mode", "dir_mode"):
-            flags += [option.flag, f"{value:04o}"]
-        else:
-            flags += [option.flag, str(value)]
-    return flags
-
-
-def fuse_options(args) -> set[str]:
-    """The FUSE mount options (besides fsname/subtype) the settings ask for."""
-    wanted = set()
-    for dest in ("allow_other", "allow_root", "default_permissions", "auto_unmount"):
-        if getattr(args, dest, False):
-            wanted.add(dest)
-    return wanted
-
-
-def check_allow_other(args, fuse_conf: str = "/etc/fuse.conf") -> None:
+def check_allow_other(settings, fuse_conf: str = "/etc/fuse.conf") -> None:
     """allow_other/allow_root for a user who is not root needs ``user_allow_other`` in
     /etc/fuse.conf (fusermount3 refuses otherwise): say so before mounting."""
-    if not (getattr(args, "allow_other", False) or getattr(args, "allow_root", False)) or os.getuid() == 0:
+    if not (settings.allow_other or settings.allow_root) or os.getuid() == 0:
         return
     try:
         with open(fuse_conf, encoding="utf-8") as f:
@@ -275,40 +324,6 @@ def check_allow_other(args, fuse_conf: str = "/etc/fuse.conf") -> None:
     except OSError:
         allowed = False
     if not allowed:
-        which = "allow_other" if getattr(args, "allow_other", False) else "allow_root"
+        which = "allow_other" if settings.allow_other else "allow_root"
         raise OptionError(f"{which} needs a line 'user_allow_other' in {fuse_conf} "
                           "(root must add it) when a user who is not root mounts")
-
-
-# ----------------------------------------------------------------- mount(8) helper
-
-def main_helper(argv: list[str] | None = None) -> int:
-    """``mount.fuse.delvefs VIEWS DIR [-sfnv] [-o OPTIONS] [-t fuse.delvefs]``: what mount(8)
-    runs for a ``fuse.delvefs`` line of /etc/fstab; mounts with ``delvefs mount``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    positional, options = [], []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "-o" and i + 1 < len(argv):
-            options.append(argv[i + 1])
-            i += 2
-            continue
-        if arg.startswith("-o") and len(arg) > 2:
-            options.append(arg[2:])
-        elif arg == "-t" and i + 1 < len(argv):
-            i += 1  # the type: fuse.delvefs
-        elif arg in ("-s", "-f", "-n", "-v") or re.fullmatch(r"-[sfnv]+", arg):
-            pass  # sloppy, fake, no mtab, verbose: nothing to do (FUSE keeps no mtab)
-        else:
-            positional.append(arg)
-        i += 1
-    if len(positional) != 2:
-        print("usage: mount.fuse.delvefs VIEWS.yaml MOUNTPOINT [-o OPTIONS]", file=sys.stderr)
-        return 2
-    from ..cli import main
-    return main(["mount", *positional, *[x for o in options for x in ("-o", o)]])
-
-
-if __name__ == "__main__":
-    sys.exit(main_helper())

@@ -14,34 +14,37 @@ import logging
 import signal
 import sys
 
-from .control import ControlError
+from .control import ControlError, request
+from .proofs import proof_prefixes
+from .viewsfile import ViewsFileError, load_views
 
 log = logging.getLogger("delvefs.client.reload")
 
 
 class ViewsReloader:
     """The mount's side: ``control`` answers the "reload" operation, ``watch_hangups``
-    reloads on SIGHUP. ``proofs`` is the mount's :class:`delvefs.client.mount.Proofs`."""
+    reloads on SIGHUP. ``proofs`` is the mount's :class:`delvefs.client.proofs.Proofs`;
+    ``read_only``: the mount is read-only (so is every view it reads)."""
 
-    def __init__(self, views_path: str | None, core, proofs):
+    def __init__(self, views_path: str | None, core, proofs, *, read_only: bool = False):
         self.views_path = views_path
         self.core = core
         self.proofs = proofs
+        self.read_only = read_only
 
     async def reload(self) -> dict:
         import trio
 
         from .handler_api import HandlerError
-        from .mount import MountError, _load_views, proof_prefixes
         if self.views_path is None:
             raise ControlError("this mount does not know the views file it was started with")
         try:
-            views = await trio.to_thread.run_sync(_load_views, self.views_path)
-        except MountError as exc:
+            views = await trio.to_thread.run_sync(load_views, self.views_path, self.read_only)
+        except ViewsFileError as exc:
             log.warning("views not reloaded, the mount keeps its views: %s", exc)
             raise ControlError(f"{exc}; the mount keeps its views") from None
         keeper = self.proofs
-        async with keeper._guard():  # not while proofs are renewed with the old prefixes
+        async with keeper.guard():  # not while proofs are renewed with the old prefixes
             before = keeper.prefixes
             keeper.prefixes = proof_prefixes(views)
             try:
@@ -86,7 +89,6 @@ def summary_lines(summary: dict) -> list[str]:
 
 def run(args) -> int:
     """``delvefs reload MOUNT``."""
-    from .control import request
     try:
         summary = request(args.mountpoint, "reload", timeout=args.timeout)
     except ControlError as exc:

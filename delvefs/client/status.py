@@ -39,7 +39,7 @@ def _views_report(core) -> list[dict]:
 
 
 async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
-    """The control operation ``status`` (registered by delvefs/client/mount.py)."""
+    """The control operation ``status`` (served by the mount: delvefs/client/composition.py)."""
     report = core.upload_report()  # files and deletes not in S3 yet (delvefs/client/fs/uploads.py)
     counts = {state: 0 for state in STATES}
     for f in report:

@@ -1,12 +1,19 @@
 """Configuration from flags, then environment (SPEC.md, "Commands").
 
-One place that knows the environment variable names and their defaults.
+The environment variables of S3, of the handler's address and credentials, and of the
+mount: their names and defaults are here. Each function reads ``env`` (default
+os.environ) when called, never at import; a flag, where there is one, wins. A mount reads
+them once, into its settings (delvefs/client/settings.py). Read beside the code they tune
+instead: the event handler's own tuning variables (eventhandler/: the reconcile interval,
+the SQS pollers, ...; the bucket listing's page size, shared/s3.py), the default log level
+(shared/logsetup.py) and botocore's and the lean S3 client's CA bundle (``AWS_CA_BUNDLE``).
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_EXCHANGE = "delvefs"
 DEFAULT_NOTIFY_ARN = "arn:minio:sqs::PRIMARY:amqp"
@@ -33,6 +40,13 @@ class S3Settings:
         )
 
 
+def _number(env, name: str, default: float, kind=float):
+    value = env.get(name)
+    return kind(value) if value else default
+
+
+# ---- the mount --------------------------------------------------------------------------
+
 # S3's limit for one CopyObject; renames of larger objects are multipart copies
 MAX_SINGLE_COPY = 5 * 1024**3
 
@@ -56,6 +70,59 @@ def upload_while_writing(env=os.environ) -> bool:
     ``dd`` down, docs/SEMANTICS.md)."""
     return env.get("DELVEFS_UPLOAD_WHILE_WRITING", "").strip().lower() in ("1", "true", "yes", "on")
 
+
+def state_home(env=os.environ) -> Path:
+    """Where default cache directories and the mounts' pid records and control sockets live
+    (``DELVEFS_STATE_HOME``, default ~/.cache/delvefs)."""
+    return Path(env.get("DELVEFS_STATE_HOME") or Path.home() / ".cache" / "delvefs")
+
+
+def mount_timeout(env=os.environ) -> float:
+    """Seconds ``delvefs mount`` waits for its daemon to be ready (``DELVEFS_MOUNT_TIMEOUT``)."""
+    return _number(env, "DELVEFS_MOUNT_TIMEOUT", 120.0)
+
+
+def umount_timeout(env=os.environ) -> float:
+    """Seconds ``delvefs umount`` waits for the daemon to upload and exit
+    (``DELVEFS_UMOUNT_TIMEOUT``)."""
+    return _number(env, "DELVEFS_UMOUNT_TIMEOUT", 3600.0)
+
+
+def s3_connect_timeout(env=os.environ) -> float:
+    """Seconds one S3 request of a mount may take to connect (``DELVEFS_S3_CONNECT_TIMEOUT``);
+    with the read timeout and the attempts, a close fails within ~30 s when S3 is unreachable."""
+    return _number(env, "DELVEFS_S3_CONNECT_TIMEOUT", 3.0)
+
+
+def s3_read_timeout(env=os.environ) -> float:
+    """Seconds one S3 request of a mount may wait for data (``DELVEFS_S3_READ_TIMEOUT``)."""
+    return _number(env, "DELVEFS_S3_READ_TIMEOUT", 8.0)
+
+
+def s3_attempts(env=os.environ) -> int:
+    """Attempts of one S3 request of a mount (``DELVEFS_S3_ATTEMPTS``)."""
+    return _number(env, "DELVEFS_S3_ATTEMPTS", 3, int)
+
+
+def handler_timeout(env=os.environ) -> float:
+    """Seconds a mount waits for the handler (stopped, overloaded) before an operation fails
+    (``DELVEFS_HANDLER_TIMEOUT``)."""
+    return _number(env, "DELVEFS_HANDLER_TIMEOUT", 20.0)
+
+
+def stale_after(env=os.environ) -> float:
+    """Seconds an operation on a listed view waits for its refresh before it is answered
+    from the last listing (``DELVEFS_STALE_AFTER``)."""
+    return _number(env, "DELVEFS_STALE_AFTER", 2.0)
+
+
+def scan_wait(env=os.environ) -> float:
+    """Seconds a view's first listing waits for the handler's first scan of its bucket
+    (``DELVEFS_SCAN_WAIT``, default an hour; the mount caps it by the kernel's limit)."""
+    return _number(env, "DELVEFS_SCAN_WAIT", 3600.0)
+
+
+# ---- the event handler and the clients --------------------------------------------------
 
 def amqp_url(flag: str | None = None, env=os.environ) -> str:
     return flag or env.get("DELVEFS_AMQP_URL") or DEFAULT_AMQP_URL

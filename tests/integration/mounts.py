@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.client.mount import mounted_fstype
+from delvefs.client.mountpoints import mounted_fstype
 
 from ..conftest import service_unavailable
 
@@ -84,8 +84,8 @@ class Mounts:
         return r
 
     def daemon_pid(self, mp) -> int:
-        from delvefs.client.mount import _key
-        run = Path(self.env["DELVEFS_STATE_HOME"]) / "run" / f"{_key(str(mp))}.json"
+        from delvefs.client.mountpoints import run_file
+        run = run_file(str(mp), Path(self.env["DELVEFS_STATE_HOME"]))
         return json.loads(run.read_text())["pid"]
 
     def kill(self, mp) -> None:

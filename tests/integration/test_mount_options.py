@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.client.mount import mounted_fstype
+from delvefs.client.mountpoints import mounted_fstype
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until

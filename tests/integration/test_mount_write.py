@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from delvefs.client.mount import mounted_fstype
+from delvefs.client.mountpoints import mounted_fstype
 
 from ..waiting import wait_until
 from .mounts import (CHANGE_TIMEOUT, close_private_stack, data_views, handler, listdir,  # noqa: F401
@@ -297,7 +297,7 @@ def test_sigkilled_client_dirty_file_uploaded_at_next_mount(mounts, s3, bucket, 
 
 
 def test_sigterm_uploads_dirty_files_before_exit(mounts, s3, bucket):
-    from delvefs.client.mount import _alive
+    from delvefs.client.mountpoints import process_alive
     mp = mounts.mount(write_views(bucket))
     pid = mounts.daemon_pid(mp)
     f = open(mp / "data/open.txt", "wb")
@@ -305,7 +305,7 @@ def test_sigterm_uploads_dirty_files_before_exit(mounts, s3, bucket):
     f.flush()                                  # in the mount, not uploaded: still open
     assert get(s3, bucket, "data/open.txt") is None
     os.kill(pid, signal.SIGTERM)
-    wait_until(lambda: not _alive(pid), 60, "the daemon exits")
+    wait_until(lambda: not process_alive(pid), 60, "the daemon exits")
     try:
         f.close()
     except OSError:

@@ -11,7 +11,7 @@ import urllib.parse
 
 import pytest
 
-from delvefs.client.mount import proof_prefixes
+from delvefs.client.proofs import proof_prefixes
 from delvefs.shared import s3
 from delvefs.shared.config import S3Settings, principal_of_token
 from eventhandler.auth import (GRANTED, LAPSED, NONE, Authenticator, Grants, ProofRefused,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from delvefs.cli import build_parser
-from delvefs.client.options import IGNORED, OPTIONS
+from delvefs.client.options import BY_NAME, IGNORED
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "CONFIGURATION.md").read_text()
@@ -74,9 +74,9 @@ def mount_option_rows() -> dict[str, str]:
 
 def test_every_mount_option_is_documented_beside_its_flag():
     rows = mount_option_rows()
-    for name, option in OPTIONS.items():
+    for name, option in BY_NAME.items():
         assert rows.get(name) == option.flag, f"-o {name}: expected in the row of {option.flag}"
-    assert set(rows) <= set(OPTIONS), set(rows) - set(OPTIONS)
+    assert set(rows) <= set(BY_NAME), set(rows) - set(BY_NAME)
 
 
 def test_every_ignored_option_is_named():

@@ -1,6 +1,6 @@
-"""`delvefs mount -o ...`, the long flags they stand for, the config file, the mode bits
-and read-only mounts in the core (no kernel), --version, cache sizes and the cache's
-free-space floor."""
+"""`delvefs mount -o ...`, the long flags they stand for, the config file and the
+environment as one MountSettings, the mode bits and read-only mounts in the core (no
+kernel), --version, cache sizes and the cache's free-space floor."""
 from __future__ import annotations
 
 import errno
@@ -11,19 +11,19 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from delvefs import __version__
+from delvefs import __version__, cli
 from delvefs.cli import build_parser, main
-from delvefs.client import mount, options
+from delvefs.client import options
 from delvefs.client.errors import FsError
 from delvefs.client.options import OptionError
-from delvefs.client.settings import MountSettings
+from delvefs.client.settings import MountSettings, capped_scan_wait
+from delvefs.client.viewsfile import load_views
 from tests.core.conftest import World, view
 
 
-def parse_mount(*argv):
+def parse_mount(*argv, environ=None):
     args = build_parser().parse_args(["mount", "v.yaml", "/mnt", *argv])
-    options.apply(args)
-    return args
+    return MountSettings.from_args(args, {} if environ is None else environ)
 
 
 def test_o_options_set_what_the_long_flags_set():
@@ -32,36 +32,49 @@ def test_o_options_set_what_the_long_flags_set():
     by_flags = parse_mount("--allow-other", "--uid", "1234", "--gid", "99", "--umask", "027",
                            "--file-mode", "0640", "--dir-mode", "750", "--read-only", "--auto-unmount",
                            "--cache-size", "10G", "--log-level", "debug", "--handler", "http://h:1")
-    for name, option in options.OPTIONS.items():
-        assert getattr(by_o, option.dest, None) == getattr(by_flags, option.dest, None), name
+    assert by_o == by_flags
     assert by_o.uid == 1234 and by_o.umask == 0o027 and by_o.file_mode == 0o640 and by_o.read_only
+    assert by_o.cache_size == 10 << 30 and by_o.log_level == "DEBUG"
     assert by_o.default_permissions  # implied by allow_other
 
 
+def test_every_option_has_one_flag_and_one_name():
+    flags = [o.flag for o in options.MOUNT_OPTIONS]
+    fields = [o.field for o in options.MOUNT_OPTIONS]
+    assert len(set(flags)) == len(flags) and len(set(fields)) == len(fields)
+    mount_flags = {s for a in build_parser()._subparsers._group_actions[0].choices["mount"]._actions
+                   for s in a.option_strings}
+    assert set(flags) <= mount_flags
+
+
 def test_a_flag_wins_over_the_same_option():
-    args = parse_mount("-o", "uid=1,cache_size=1G", "--uid", "2")
-    assert args.uid == 2 and args.cache_size == "1G"
+    settings = parse_mount("-o", "uid=1,cache_size=1G", "--uid", "2")
+    assert settings.uid == 2 and settings.cache_size == 1 << 30
 
 
 def test_handler_repeats_and_escaped_commas_make_one_list():
-    assert parse_mount("-o", "handler=http://a:1,handler=http://b:2").handler == "http://a:1,http://b:2"
-    assert parse_mount("-o", r"handler=http://a:1\,http://b:2").handler == "http://a:1,http://b:2"
+    assert parse_mount("-o", "handler=http://a:1,handler=http://b:2").handler_url == "http://a:1,http://b:2"
+    assert parse_mount("-o", r"handler=http://a:1\,http://b:2").handler_url == "http://a:1,http://b:2"
+    assert parse_mount(environ={"DELVEFS_HANDLER_URL": "http://env:1"}).handler_url == "http://env:1"
+    assert parse_mount("--handler", "http://flag:1",
+                       environ={"DELVEFS_HANDLER_URL": "http://env:1"}).handler_url == "http://flag:1"
 
 
 def test_fstab_generic_options_are_ignored():
-    args = parse_mount("-o", "rw,nosuid,nodev,noauto,user,_netdev,nofail,defaults,"
-                             "x-systemd.automount,x-systemd.requires=network-online.target,ro")
-    assert args.read_only and not args.allow_other
+    settings = parse_mount("-o", "rw,nosuid,nodev,noauto,user,_netdev,nofail,defaults,"
+                                 "x-systemd.automount,x-systemd.requires=network-online.target,ro")
+    assert settings.read_only and not settings.allow_other
 
 
 @pytest.mark.parametrize("text, message", [
-    ("colour=blue", "unknown mount option 'colour'; known: allow_other"),
+    ("colour=blue", "unknown mount option 'colour'; known: cache_dir"),
     ("uid", "needs a value"),
     ("ro=1", "takes no value"),
     ("umask=999", "octal"),
     ("file_mode=01777", "at most 0777"),
     ("uid=no-such-user-here", "no such user"),
     ("log_level=loud", "one of debug"),
+    ("cache_size=lots", "expected a size"),
     ("allow_other,allow_root", "exclude each other"),
 ])
 def test_bad_options_are_refused_clearly(text, message):
@@ -73,13 +86,47 @@ def test_the_command_refuses_bad_options_with_status_2(capsys):
     assert main(["mount", "v.yaml", "/nonexistent", "-o", "bogus"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("delvefs mount: unknown mount option 'bogus'") and "allow_other" in err
+    assert main(["mount", "v.yaml", "/nonexistent", "--umask", "999"]) == 2
+    assert capsys.readouterr().err.startswith("delvefs mount: umask=999: expected octal")
 
 
 def test_forwarded_flags_give_the_daemon_the_same_settings():
-    args = parse_mount("-o", "ro,uid=7,umask=022,allow_root,cache_size=2GB,debug")
-    again = parse_mount(*options.forward_flags(args))
-    for option in options.OPTIONS.values():
-        assert getattr(again, option.dest, None) == getattr(args, option.dest, None), option.dest
+    settings = parse_mount("-o", "ro,uid=7,gid=0,umask=022,allow_root,cache_size=2GB,debug,eager")
+    again = parse_mount(*settings.daemon_flags())
+    assert again == settings and again.gid == 0
+
+
+def test_the_environment_and_the_config_file_give_the_rest(tmp_path):
+    env = {"DELVEFS_UPLOAD_CONCURRENCY": "1000", "DELVEFS_STALE_AFTER": "0.5",
+           "DELVEFS_UPLOAD_WHILE_WRITING": "yes", "DELVEFS_STATE_HOME": str(tmp_path / "state")}
+    settings = parse_mount(environ=env)
+    assert settings.upload_concurrency == 256 and settings.stale_after == 0.5
+    assert settings.upload_while_writing and settings.state_dir == tmp_path / "state"
+    assert settings.cache_dir.parent == tmp_path / "state" / "mounts"
+    f = tmp_path / "mount.env"
+    f.write_text("DELVEFS_HANDLER_TOKEN=secret\nDELVEFS_SCAN_WAIT=60\nAWS_ENDPOINT_URL=http://s3:9000\n")
+    f.chmod(0o600)
+    settings = parse_mount("-o", f"config={f}", environ=env)
+    assert settings.handler_token == "secret" and settings.s3.endpoint_url == "http://s3:9000"
+    assert settings.scan_wait == capped_scan_wait(60.0) and env["DELVEFS_SCAN_WAIT"] == "60"
+    assert "--config" not in settings.daemon_flags()  # its variables are in the environment
+
+
+def test_scan_wait_stays_below_the_kernels_request_timeout(tmp_path):
+    limit = tmp_path / "default_request_timeout"
+    assert capped_scan_wait(3600.0, str(limit)) == 3600.0  # no such file: no limit
+    limit.write_text("0\n")
+    assert capped_scan_wait(3600.0, str(limit)) == 3600.0
+    limit.write_text("600\n")
+    assert capped_scan_wait(3600.0, str(limit)) == 300.0 and capped_scan_wait(10.0, str(limit)) == 10.0
+
+
+def test_defaults_need_no_flags_and_read_no_environment(monkeypatch):
+    monkeypatch.setenv("DELVEFS_STALE_AFTER", "99")
+    settings = MountSettings.defaults(uid=1000, eager=True)
+    assert settings.uid == 1000 and settings.gid == os.getgid() and settings.stale_after == 2.0
+    assert settings.writeback_cache and not MountSettings.defaults().writeback_cache
+    assert settings.upload_concurrency == 16 and settings.umask == 0 and settings.file_mode is None
 
 
 def test_config_file_sets_environment_and_refuses_the_rest(tmp_path):
@@ -110,25 +157,25 @@ def test_allow_other_needs_user_allow_other_for_users(tmp_path, monkeypatch):
     conf = tmp_path / "fuse.conf"
     conf.write_text("# user_allow_other\nmount_max = 1000\n")
     monkeypatch.setattr(os, "getuid", lambda: 1000)
-    args = SimpleNamespace(allow_other=True, allow_root=False)
+    settings = SimpleNamespace(allow_other=True, allow_root=False)
     with pytest.raises(OptionError, match=f"allow_other needs a line 'user_allow_other' in {conf}"):
-        options.check_allow_other(args, str(conf))
+        options.check_allow_other(settings, str(conf))
     conf.write_text("user_allow_other\n")
-    options.check_allow_other(args, str(conf))
+    options.check_allow_other(settings, str(conf))
 
 
 def test_fuse_options_follow_the_settings():
-    assert options.fuse_options(parse_mount("-o", "allow_other,auto_unmount")) == {
+    assert parse_mount("-o", "allow_other,auto_unmount").fuse_options == {
         "allow_other", "default_permissions", "auto_unmount"}
-    assert options.fuse_options(parse_mount()) == set()
+    assert parse_mount().fuse_options == set()
 
 
 def test_mount_helper_turns_mount8_arguments_into_delvefs_mount(monkeypatch):
     seen = []
     monkeypatch.setattr("delvefs.cli.main", lambda argv: seen.append(argv) or 0)
-    assert options.main_helper(["/etc/v.yaml", "/mnt/v", "-n", "-o", "rw,uid=5", "-t", "fuse.delvefs"]) == 0
+    assert cli.main_helper(["/etc/v.yaml", "/mnt/v", "-n", "-o", "rw,uid=5", "-t", "fuse.delvefs"]) == 0
     assert seen == [["mount", "/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5"]]
-    assert options.main_helper(["only-one"]) == 2
+    assert cli.main_helper(["only-one"]) == 2
 
 
 def test_version_on_every_command(capsys):
@@ -144,7 +191,7 @@ def test_version_on_every_command(capsys):
 @pytest.mark.parametrize("text, size", [("10G", 10 << 30), ("10GiB", 10 << 30), ("10GB", 10 * 10**9),
                                         ("500M", 500 << 20), ("1.5k", 1536), ("1000000", 10**6)])
 def test_cache_size_units(text, size):
-    assert mount.parse_cache_size(text) == size
+    assert options.parse_size(text) == size
 
 
 def test_cache_keeps_a_free_space_floor(tmp_path, monkeypatch):
@@ -185,11 +232,10 @@ async def test_modes_owner_and_umask_as_stat_shows_them(tmp_path):
 
 
 @pytest.mark.trio
-async def test_read_only_mount_refuses_every_write(tmp_path, monkeypatch):
+async def test_read_only_mount_refuses_every_write(tmp_path):
     views = tmp_path / "views.yaml"
     views.write_text("v:\n  bucket: bkt\n  object: 'data/*'\n  writable: true\n")
-    monkeypatch.setattr(mount, "_read_only", True)
-    loaded = mount._load_views(str(views))
+    loaded = load_views(str(views), read_only=True)
     assert [v.writable for v in loaded] == [False]
     w = World(tmp_path, loaded)
     w.add("v", "data/a", b"x")
@@ -211,6 +257,6 @@ def test_mount_fuse3_form_of_the_command_mounts(monkeypatch):
     """Without /sbin/mount.fuse.delvefs, mount(8) runs mount.fuse3, which runs
     `delvefs VIEWS DIR -o OPTIONS` (it drops nofail/_netdev and adds dev,suid)."""
     seen = []
-    monkeypatch.setattr(options, "main_helper", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(cli, "main_helper", lambda argv: seen.append(argv) or 0)
     assert main(["/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5,dev,suid"]) == 0
     assert seen == [["/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5,dev,suid"]]
