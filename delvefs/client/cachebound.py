@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .datacache import CacheEntry
+    from .cacheentry import CacheEntry
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,8 @@
 """The local data cache of a mount: one sparse file per object version under ``<cache-dir>/data``.
 
+``DataCache`` owns the entries (``cacheentry.CacheEntry``, by bucket and key), their files
+and the fetches that fill them (``cacheentry.Fetch``).
+
 Blocks. An entry's file has the object's size; which bytes are valid is ``present`` (a
 :class:`RangeSet`; None: every byte, as for files written here). Missing bytes below
 ``source_len`` come from ``source`` = (bucket, key, etag) in blocks of ``block_size``:
@@ -59,86 +62,20 @@ import itertools
 import logging
 import os
 import shutil
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from pathlib import Path
 
 import trio
 
 from .cachebound import CacheBound
-from .errors import Changed, StoreError, cache_file_error
+from .cacheentry import CacheEntry, Fetch
+from .errors import Changed, StopGet, StoreError, cache_file_error
 from .journal import Journal
 from .ranges import RangeSet
-from .s3async import StopGet, pwrite_all
 
 log = logging.getLogger(__name__)
 
 KiB, MiB = 1 << 10, 1 << 20
-
-
-class Fetch:
-    """One ranged GET [start, end) of an entry's source, in flight. ``received``: bytes
-    [start, received) are in the file (clean entry) or were handed to the loop (dirty);
-    ``marked``: how far ``present`` knows it."""
-    __slots__ = ("entry", "start", "end", "received", "marked", "error", "finished",
-                 "cancelled", "waiters", "arrived", "_event")
-
-    def __init__(self, entry: CacheEntry, start: int, end: int):
-        self.entry, self.start, self.end = entry, start, end
-        self.received = self.marked = start
-        self.error: StoreError | None = None
-        self.finished = False
-        self.cancelled = False
-        self.waiters = 0
-        self.arrived: deque[tuple[int, bytes]] = deque()  # a dirty entry's bytes, for the loop
-        self._event = trio.Event()
-
-    def wake(self) -> None:
-        ev, self._event = self._event, trio.Event()
-        ev.set()
-
-    async def wait(self, upto: int) -> None:
-        """Until ``present`` has [start, upto) of this fetch, or it ended; its error raised."""
-        self.waiters += 1
-        try:
-            while self.marked < min(upto, self.end) and not self.finished:
-                await self._event.wait()
-        finally:
-            self.waiters -= 1
-        if self.error is not None and self.marked < min(upto, self.end):
-            raise self.error
-
-
-class CacheEntry:
-    """One object version's bytes in the cache. ``dirty``, ``gen``, ``meta``, ``writers``
-    and ``journaled`` are the write side's state (changed by ``delvefs.client.fs.dirty``).
-    ``present``/``source``/``source_len``: see the module docstring."""
-    __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty",
-                 "gen", "meta", "writers", "journaled", "present", "source", "source_len",
-                 "fetches", "pinned", "blocks", "counted", "serial")
-
-    _serials = itertools.count(1)
-
-    def __init__(self, bucket: str, key: str, path: str):
-        self.bucket = bucket
-        self.key = key
-        self.path = path
-        self.etag: str | None = None
-        self.size = 0
-        self.validated = float("-inf")
-        self.opens = 0
-        self.dirty = False
-        self.gen = 0            # write generation: bumped by every write/truncate
-        self.meta: dict | None = None  # dirty entries: the journal record (view, tags, ...)
-        self.writers = 0        # open handles writing to it
-        self.journaled = False  # its journal record is on disk
-        self.present: RangeSet | None = None       # None: every byte is present
-        self.source: tuple[str, str, str] | None = None  # (bucket, key, etag) of missing bytes
-        self.source_len = 0     # bytes [0, source_len) may come from ``source``
-        self.fetches: dict[int, Fetch] = {}        # block -> the fetch bringing it
-        self.pinned: list[tuple[int, int]] = []    # ranges ``ensure`` calls wait for
-        self.blocks: set[int] = set()              # its blocks in the cache's LRU
-        self.counted = 0        # what it adds to ``DataCache.bytes``
-        self.serial = next(self._serials)
 
 
 class DataCache(CacheBound):
@@ -624,3 +561,10 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def pwrite_all(fd: int, offset: int, data) -> None:
+    """All of ``data`` at ``offset`` (a short write: the rest, or the error)."""
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
