@@ -1,7 +1,9 @@
 """The local data cache of a mount: one sparse file per object version under ``<cache-dir>/data``.
 
 ``DataCache`` owns the entries (``cacheentry.CacheEntry``, by bucket and key), their files
-and the fetches that fill them (``cacheentry.Fetch``).
+and the fetches that fill them (``cacheentry.Fetch``). Its parts, made by it: the bound
+(``cachebound.CacheBound``: the bytes counted, the LRU, eviction) and the journal of dirty
+files (``journal.Journal``).
 
 Blocks. An entry's file has the object's size; which bytes are valid is ``present`` (a
 :class:`RangeSet`; None: every byte, as for files written here). Missing bytes below
@@ -27,20 +29,23 @@ to the source's ETag with If-Match (412: ``Changed``). A cached block costs no r
   the loop each completed block (``Fetch.received``); for a dirty entry (a writer may be
   writing to the same bytes) the thread hands the bytes to the loop, which writes only
   the sub-ranges still missing when they arrive.
-* Bound: ``bytes`` counts present bytes of clean entries and the size of dirty ones.
-  While it exceeds ``limit``, or the cache's file system has less free space than its
-  floor, blocks are evicted least-recently-used (``touch`` on every read): their bytes
-  punched out of the file (fallocate PUNCH_HOLE), first those of closed entries, then of
-  open ones; an entry with nothing left and no opener is dropped. Never evicted: a block
-  of a dirty entry or one open for writing, a block being fetched, a block an ``ensure``
-  in progress covers (``entry.pinned``).
+* Bound (the part ``bound``; ``bytes``, ``limit`` and ``evictions`` are its figures):
+  ``bytes`` counts present bytes of clean entries and the size of dirty ones. While it
+  exceeds ``limit``, or the cache's file system has less free space than its floor,
+  blocks are evicted least-recently-used (``touch`` on every read): their bytes punched
+  out of the file (fallocate PUNCH_HOLE), first those of closed entries, then of open
+  ones; an entry with nothing left and no opener is dropped. Never evicted: a block of a
+  dirty entry or one open for writing, a block being fetched, a block an ``ensure`` in
+  progress covers (``entry.pinned``). The cache tells the bound every change of what an
+  entry counts (``added``, ``recount``, ``forget``); the bound drops an entry it emptied
+  through the cache (``_drop_unused``: not while its version changes).
 
 Concurrency (one trio loop): between two awaits nothing else runs, so a reader that sees
 ``present.covers(a, b)`` and then preads without awaiting reads valid bytes — ``ensure``
-returns only after such a check. ``present``, ``fetches``, the LRU and ``bytes`` change
-only on the loop (worker threads write file bytes and an integer, ``Fetch.received``, and
-hand the rest to the loop with ``run_sync_soon``). ``fetch`` runs one version change per
-object at a time (``_busy``).
+returns only after such a check. ``present``, ``fetches``, and the bound's LRU and
+``bytes`` change only on the loop (worker threads write file bytes and an integer,
+``Fetch.received``, and hand the rest to the loop with ``run_sync_soon``). ``fetch`` runs
+one version change per object at a time (``_busy``).
 
 Write side: the cache stores the files of *dirty* entries too (``dirty`` = True: being
 written, or written and not uploaded yet), each under a path of its own (``data/w-<id>``,
@@ -71,14 +76,18 @@ from .cachebound import CacheBound
 from .cacheentry import CacheEntry, Fetch
 from .errors import Changed, StopGet, StoreError, cache_file_error
 from .journal import Journal
-from .ranges import RangeSet
+from .ranges import RangeSet, blocks
 
 log = logging.getLogger(__name__)
 
 KiB, MiB = 1 << 10, 1 << 20
 
 
-class DataCache(CacheBound):
+class DataCache:
+    """The cache of ``directory``: at most ``limit`` bytes (None: only the free-space
+    floor), fetched and evicted in blocks of ``block_size``, read in GETs of at most
+    ``max_get`` bytes. Its bound (``bytes``, the LRU, eviction) is the part ``bound``."""
+
     # objects up to this size are fetched whole on their first read (one GET)
     whole_size = 2 * MiB
     # sequential read-ahead: the window starts at ``window_start``, doubles with every
@@ -91,7 +100,6 @@ class DataCache(CacheBound):
         self.dir = Path(directory) / "data"
         self.tmp = Path(directory) / "tmp"
         self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
-        self.bytes = 0
         self.dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(Path(directory) / "journal", self.dir)
         records = self.journal.read()
@@ -106,21 +114,38 @@ class DataCache(CacheBound):
                     else:
                         p.unlink()
         self.recovered = records  # journal records of dirty files, for the write side
-        self.limit = limit
         if block_size <= 0 or max_get < block_size:
             raise ValueError(f"block size {block_size}, largest GET {max_get}")
-        self.block_size = block_size
+        self.bound = CacheBound(self.dir, limit, block_size, self._drop_unused)
         self.max_get = max_get - max_get % block_size
         self.nursery: trio.Nursery | None = None  # where fetches run (else system tasks)
         self._busy: dict[tuple[str, str], trio.Event] = {}
-        self._lru: OrderedDict[tuple[int, int], CacheEntry] = OrderedDict()  # (serial, block)
         self._seq = itertools.count()
-        self._punch_warned = False
         self.gets = 0       # statistics, for tests and logs: ranged GETs started
         self.got = 0        # bytes they brought
         self.fetching = 0   # fetches running now
         self.heads = 0
-        self.evictions = 0  # blocks (or entries) evicted
+
+    # the bound's figures, as the cache's
+    @property
+    def bytes(self) -> int:
+        return self.bound.bytes
+
+    @property
+    def limit(self) -> int | None:
+        return self.bound.limit
+
+    @property
+    def evictions(self) -> int:
+        return self.bound.evictions
+
+    @property
+    def block_size(self) -> int:
+        return self.bound.block_size
+
+    @block_size.setter
+    def block_size(self, size: int) -> None:
+        self.bound.block_size = size
 
     def _path(self, bucket: str, key: str) -> str:
         """A new file name for a version of ``bucket/key`` (never reused: a fetch of an old
@@ -216,8 +241,7 @@ class DataCache(CacheBound):
     # ------------------------------------------------------------------ blocks
 
     def _blocks(self, start: int, end: int) -> range:
-        b = self.block_size
-        return range(start // b, (end + b - 1) // b) if start < end else range(0)
+        return blocks(start, end, self.block_size)
 
     async def ensure(self, store, entry: CacheEntry, start: int, end: int) -> None:
         """Afterwards bytes [start, min(end, size)) of ``entry`` are present in its file
@@ -396,25 +420,18 @@ class DataCache(CacheBound):
             return
         added = sum(e - s for s, e in present.missing(start, end))
         present.add(start, end)
-        self.bytes += added
-        entry.counted += added
-        for block in self._blocks(start, end):
-            unit = (entry.serial, block)
-            self._lru[unit] = entry
-            self._lru.move_to_end(unit)
-            entry.blocks.add(block)
+        self.bound.added(entry, start, end, added)
 
     def _holds(self, entry: CacheEntry) -> bool:
         return self.entries.get((entry.bucket, entry.key)) is entry
 
     def touch(self, entry: CacheEntry, start: int, end: int) -> None:
         """Bytes [start, end) of the entry were read: its blocks are the most recently used."""
-        if entry.blocks:
-            lru = self._lru
-            for block in self._blocks(start, end):
-                unit = (entry.serial, block)
-                if unit in lru:
-                    lru.move_to_end(unit)
+        self.bound.touch(entry, start, end)
+
+    def evict(self) -> None:
+        """Evict clean blocks until the cache is within its bound (``CacheBound.evict``)."""
+        self.bound.evict()
 
     # ------------------------------------------------------------------ opens
 
@@ -432,11 +449,13 @@ class DataCache(CacheBound):
                 self._drop_unused(entry)
             self.evict()
 
-    def _drop_unused(self, entry: CacheEntry) -> None:
-        """An empty clean entry nobody has open: its file goes (and, unless a version
-        change is under way, the entry)."""
+    def _drop_unused(self, entry: CacheEntry) -> bool:
+        """An empty clean entry nobody has open: dropped (its file goes) unless a version
+        change is under way; whether it was."""
         if self._holds(entry) and (entry.bucket, entry.key) not in self._busy:
             self.drop(entry)
+            return True
+        return False
 
     def forget(self, bucket: str, key: str) -> None:
         """The object is gone: drop its entry unless it is open, dirty or being fetched."""
@@ -450,11 +469,7 @@ class DataCache(CacheBound):
         entry's record is the write side's); fetches nobody waits for stop."""
         if self._holds(entry):
             del self.entries[(entry.bucket, entry.key)]
-            self.bytes -= entry.counted
-        entry.counted = 0
-        for block in entry.blocks:
-            self._lru.pop((entry.serial, block), None)
-        entry.blocks = set()
+        self.bound.forget(entry)  # (only an entry the cache holds counts)
         self.cancel(list(entry.fetches.values()))
         _unlink(entry.path)
 
@@ -513,9 +528,8 @@ class DataCache(CacheBound):
         its present bytes."""
         if not self._holds(entry):
             return
-        n = entry.size if entry.dirty or entry.present is None else entry.present.total
-        self.bytes += n - entry.counted
-        entry.counted = n
+        self.bound.recount(entry, entry.size if entry.dirty or entry.present is None
+                           else entry.present.total)
 
     def validated(self, entry: CacheEntry, etag: str) -> None:
         """The entry's content is object version ``etag`` in S3 now (it was uploaded): a
@@ -533,10 +547,7 @@ class DataCache(CacheBound):
             entry.present = RangeSet([(0, entry.size)])
         entry.present.truncate(entry.size)
         if self._holds(entry):
-            for block in entry.blocks:
-                self._lru.pop((entry.serial, block), None)
-            entry.blocks = set()
-            entry.counted, self.bytes = 0, self.bytes - entry.counted
+            self.bound.forget(entry)
             for start, end in list(entry.present):
                 entry.present.remove(start, end)
                 self._add_present(entry, start, end)
