@@ -1,9 +1,17 @@
 """How big the data cache may grow: the ``--cache-size`` limit and a free-space floor,
-kept by evicting blocks least recently used (a mixin of ``DataCache``).
+kept by evicting blocks least recently used. :class:`CacheBound` is a part of
+``delvefs.client.datacache.DataCache`` that owns this accounting: the bytes the cache
+counts (``bytes``, each entry's share in ``entry.counted``), its blocks in LRU order (each
+entry's in ``entry.blocks``), and their eviction.
 
 Eviction punches the bytes of a block out of its file (fallocate PUNCH_HOLE) and forgets
-them in ``present``; an entry with nothing left and no opener is dropped. What is never
-evicted, and the order (closed entries first), is in ``evict``.
+them in ``present``; an entry with nothing left and no opener is dropped (by the
+``drop_unused`` the cache gave, which knows whether a version change is under way). What
+is never evicted, and the order (closed entries first), is in ``evict``.
+
+Concurrency: everything here runs on the trio loop (the cache calls it there); ``evict``
+never awaits, so a reader's check of ``present`` followed by a pread without an await in
+between reads bytes no eviction punched out.
 """
 from __future__ import annotations
 
@@ -13,17 +21,21 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING
+from collections import OrderedDict
+from pathlib import Path
+from typing import Callable
 
-if TYPE_CHECKING:
-    from .datacache import CacheEntry
+from .cacheentry import CacheEntry
+from .ranges import blocks
 
 log = logging.getLogger(__name__)
 
 
 class CacheBound:
-    """Part of :class:`delvefs.client.datacache.DataCache`: its ``limit``, ``bytes``,
-    ``dir``, ``block_size``, ``_lru``, ``_busy``, ``evictions`` and ``drop``."""
+    """The bound of the cache whose files are in ``directory``: at most ``limit`` bytes
+    (None: only the free-space floor), evicted ``block_size`` bytes at a time.
+    ``drop_unused(entry)`` drops an entry eviction emptied that nobody has open, unless
+    the cache must keep it; it answers whether it did."""
 
     # the free-space floor: whatever ``limit`` says, clean blocks go while the cache's file
     # system has less free than the smaller of these (``limit`` None: the only bound)
@@ -33,8 +45,57 @@ class CacheBound:
     # statvfs at most this often (seconds), plus whenever the cache grew by a tenth of the
     # free space seen last: many small files are cached and written one after another
     free_check_interval = 0.5
-    _free_checked = (-math.inf, 0, 0)  # (monotonic time, bytes cached then, shortfall then)
-    _free_seen = 0
+
+    def __init__(self, directory: Path, limit: int | None, block_size: int,
+                 drop_unused: Callable[[CacheEntry], bool]):
+        self.dir = directory
+        self.limit = limit
+        self.block_size = block_size
+        self._drop_unused = drop_unused
+        self.bytes = 0       # present bytes of clean entries, the size of dirty ones
+        self.evictions = 0   # blocks (or entries) evicted: statistics, for tests and logs
+        self._lru: OrderedDict[tuple[int, int], CacheEntry] = OrderedDict()  # (serial, block)
+        self._free_checked = (-math.inf, 0, 0)  # (monotonic time, bytes cached then, shortfall then)
+        self._free_seen = 0
+        self._punch_warned = False
+
+    # ------------------------------------------------------------------ accounting
+
+    def recount(self, entry: CacheEntry, n: int) -> None:
+        """The entry adds ``n`` bytes now (its blocks unchanged)."""
+        self.bytes += n - entry.counted
+        entry.counted = n
+
+    def added(self, entry: CacheEntry, start: int, end: int, n: int) -> None:
+        """Bytes [start, end) of a clean entry are present now, ``n`` of them new: counted,
+        and their blocks the most recently used."""
+        self.bytes += n
+        entry.counted += n
+        lru = self._lru
+        for block in blocks(start, end, self.block_size):
+            unit = (entry.serial, block)
+            lru[unit] = entry
+            lru.move_to_end(unit)
+            entry.blocks.add(block)
+
+    def touch(self, entry: CacheEntry, start: int, end: int) -> None:
+        """Bytes [start, end) of the entry were read: its blocks are the most recently used."""
+        if entry.blocks:
+            lru = self._lru
+            for block in blocks(start, end, self.block_size):
+                unit = (entry.serial, block)
+                if unit in lru:
+                    lru.move_to_end(unit)
+
+    def forget(self, entry: CacheEntry) -> None:
+        """The entry counts no more: its bytes uncounted, its blocks out of the LRU."""
+        self.bytes -= entry.counted
+        entry.counted = 0
+        for block in entry.blocks:
+            self._lru.pop((entry.serial, block), None)
+        entry.blocks = set()
+
+    # ------------------------------------------------------------------ eviction
 
     def _space_shortfall(self) -> int:
         """Bytes missing to the free-space floor of the cache's file system (0: none)."""
@@ -83,10 +144,8 @@ class CacheBound:
         present = entry.present
         had = present.total
         present.remove(start, end)
-        if not present and not entry.opens and not entry.fetches \
-                and (entry.bucket, entry.key) not in self._busy:
-            self.drop(entry)  # nothing left: the file goes
-            return
+        if not present and not entry.opens and not entry.fetches and self._drop_unused(entry):
+            return  # nothing left: the file went
         freed = had - present.total
         self.bytes -= freed
         entry.counted -= freed

@@ -1,5 +1,10 @@
 """The local data cache of a mount: one sparse file per object version under ``<cache-dir>/data``.
 
+``DataCache`` owns the entries (``cacheentry.CacheEntry``, by bucket and key), their files
+and the fetches that fill them (``cacheentry.Fetch``). Its parts, made by it: the bound
+(``cachebound.CacheBound``: the bytes counted, the LRU, eviction) and the journal of dirty
+files (``journal.Journal``).
+
 Blocks. An entry's file has the object's size; which bytes are valid is ``present`` (a
 :class:`RangeSet`; None: every byte, as for files written here). Missing bytes below
 ``source_len`` come from ``source`` = (bucket, key, etag) in blocks of ``block_size``:
@@ -24,20 +29,23 @@ to the source's ETag with If-Match (412: ``Changed``). A cached block costs no r
   the loop each completed block (``Fetch.received``); for a dirty entry (a writer may be
   writing to the same bytes) the thread hands the bytes to the loop, which writes only
   the sub-ranges still missing when they arrive.
-* Bound: ``bytes`` counts present bytes of clean entries and the size of dirty ones.
-  While it exceeds ``limit``, or the cache's file system has less free space than its
-  floor, blocks are evicted least-recently-used (``touch`` on every read): their bytes
-  punched out of the file (fallocate PUNCH_HOLE), first those of closed entries, then of
-  open ones; an entry with nothing left and no opener is dropped. Never evicted: a block
-  of a dirty entry or one open for writing, a block being fetched, a block an ``ensure``
-  in progress covers (``entry.pinned``).
+* Bound (the part ``bound``; ``bytes``, ``limit`` and ``evictions`` are its figures):
+  ``bytes`` counts present bytes of clean entries and the size of dirty ones. While it
+  exceeds ``limit``, or the cache's file system has less free space than its floor,
+  blocks are evicted least-recently-used (``touch`` on every read): their bytes punched
+  out of the file (fallocate PUNCH_HOLE), first those of closed entries, then of open
+  ones; an entry with nothing left and no opener is dropped. Never evicted: a block of a
+  dirty entry or one open for writing, a block being fetched, a block an ``ensure`` in
+  progress covers (``entry.pinned``). The cache tells the bound every change of what an
+  entry counts (``added``, ``recount``, ``forget``); the bound drops an entry it emptied
+  through the cache (``_drop_unused``: not while its version changes).
 
 Concurrency (one trio loop): between two awaits nothing else runs, so a reader that sees
 ``present.covers(a, b)`` and then preads without awaiting reads valid bytes — ``ensure``
-returns only after such a check. ``present``, ``fetches``, the LRU and ``bytes`` change
-only on the loop (worker threads write file bytes and an integer, ``Fetch.received``, and
-hand the rest to the loop with ``run_sync_soon``). ``fetch`` runs one version change per
-object at a time (``_busy``).
+returns only after such a check. ``present``, ``fetches``, and the bound's LRU and
+``bytes`` change only on the loop (worker threads write file bytes and an integer,
+``Fetch.received``, and hand the rest to the loop with ``run_sync_soon``). ``fetch`` runs
+one version change per object at a time (``_busy``).
 
 Write side: the cache stores the files of *dirty* entries too (``dirty`` = True: being
 written, or written and not uploaded yet), each under a path of its own (``data/w-<id>``,
@@ -59,89 +67,27 @@ import itertools
 import logging
 import os
 import shutil
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from pathlib import Path
 
 import trio
 
 from .cachebound import CacheBound
-from .errors import Changed, StoreError, cache_file_error
+from .cacheentry import CacheEntry, Fetch
+from .errors import Changed, StopGet, StoreError, cache_file_error
 from .journal import Journal
-from .ranges import RangeSet
-from .s3async import StopGet, pwrite_all
+from .ranges import RangeSet, blocks
 
 log = logging.getLogger(__name__)
 
 KiB, MiB = 1 << 10, 1 << 20
 
 
-class Fetch:
-    """One ranged GET [start, end) of an entry's source, in flight. ``received``: bytes
-    [start, received) are in the file (clean entry) or were handed to the loop (dirty);
-    ``marked``: how far ``present`` knows it."""
-    __slots__ = ("entry", "start", "end", "received", "marked", "error", "finished",
-                 "cancelled", "waiters", "arrived", "_event")
+class DataCache:
+    """The cache of ``directory``: at most ``limit`` bytes (None: only the free-space
+    floor), fetched and evicted in blocks of ``block_size``, read in GETs of at most
+    ``max_get`` bytes. Its bound (``bytes``, the LRU, eviction) is the part ``bound``."""
 
-    def __init__(self, entry: CacheEntry, start: int, end: int):
-        self.entry, self.start, self.end = entry, start, end
-        self.received = self.marked = start
-        self.error: StoreError | None = None
-        self.finished = False
-        self.cancelled = False
-        self.waiters = 0
-        self.arrived: deque[tuple[int, bytes]] = deque()  # a dirty entry's bytes, for the loop
-        self._event = trio.Event()
-
-    def wake(self) -> None:
-        ev, self._event = self._event, trio.Event()
-        ev.set()
-
-    async def wait(self, upto: int) -> None:
-        """Until ``present`` has [start, upto) of this fetch, or it ended; its error raised."""
-        self.waiters += 1
-        try:
-            while self.marked < min(upto, self.end) and not self.finished:
-                await self._event.wait()
-        finally:
-            self.waiters -= 1
-        if self.error is not None and self.marked < min(upto, self.end):
-            raise self.error
-
-
-class CacheEntry:
-    """One object version's bytes in the cache. ``dirty``, ``gen``, ``meta``, ``writers``
-    and ``journaled`` are the write side's state (changed by ``delvefs.client.fs.dirty``).
-    ``present``/``source``/``source_len``: see the module docstring."""
-    __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty",
-                 "gen", "meta", "writers", "journaled", "present", "source", "source_len",
-                 "fetches", "pinned", "blocks", "counted", "serial")
-
-    _serials = itertools.count(1)
-
-    def __init__(self, bucket: str, key: str, path: str):
-        self.bucket = bucket
-        self.key = key
-        self.path = path
-        self.etag: str | None = None
-        self.size = 0
-        self.validated = float("-inf")
-        self.opens = 0
-        self.dirty = False
-        self.gen = 0            # write generation: bumped by every write/truncate
-        self.meta: dict | None = None  # dirty entries: the journal record (view, tags, ...)
-        self.writers = 0        # open handles writing to it
-        self.journaled = False  # its journal record is on disk
-        self.present: RangeSet | None = None       # None: every byte is present
-        self.source: tuple[str, str, str] | None = None  # (bucket, key, etag) of missing bytes
-        self.source_len = 0     # bytes [0, source_len) may come from ``source``
-        self.fetches: dict[int, Fetch] = {}        # block -> the fetch bringing it
-        self.pinned: list[tuple[int, int]] = []    # ranges ``ensure`` calls wait for
-        self.blocks: set[int] = set()              # its blocks in the cache's LRU
-        self.counted = 0        # what it adds to ``DataCache.bytes``
-        self.serial = next(self._serials)
-
-
-class DataCache(CacheBound):
     # objects up to this size are fetched whole on their first read (one GET)
     whole_size = 2 * MiB
     # sequential read-ahead: the window starts at ``window_start``, doubles with every
@@ -154,7 +100,6 @@ class DataCache(CacheBound):
         self.dir = Path(directory) / "data"
         self.tmp = Path(directory) / "tmp"
         self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
-        self.bytes = 0
         self.dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(Path(directory) / "journal", self.dir)
         records = self.journal.read()
@@ -169,21 +114,38 @@ class DataCache(CacheBound):
                     else:
                         p.unlink()
         self.recovered = records  # journal records of dirty files, for the write side
-        self.limit = limit
         if block_size <= 0 or max_get < block_size:
             raise ValueError(f"block size {block_size}, largest GET {max_get}")
-        self.block_size = block_size
+        self.bound = CacheBound(self.dir, limit, block_size, self._drop_unused)
         self.max_get = max_get - max_get % block_size
         self.nursery: trio.Nursery | None = None  # where fetches run (else system tasks)
         self._busy: dict[tuple[str, str], trio.Event] = {}
-        self._lru: OrderedDict[tuple[int, int], CacheEntry] = OrderedDict()  # (serial, block)
         self._seq = itertools.count()
-        self._punch_warned = False
         self.gets = 0       # statistics, for tests and logs: ranged GETs started
         self.got = 0        # bytes they brought
         self.fetching = 0   # fetches running now
         self.heads = 0
-        self.evictions = 0  # blocks (or entries) evicted
+
+    # the bound's figures, as the cache's
+    @property
+    def bytes(self) -> int:
+        return self.bound.bytes
+
+    @property
+    def limit(self) -> int | None:
+        return self.bound.limit
+
+    @property
+    def evictions(self) -> int:
+        return self.bound.evictions
+
+    @property
+    def block_size(self) -> int:
+        return self.bound.block_size
+
+    @block_size.setter
+    def block_size(self, size: int) -> None:
+        self.bound.block_size = size
 
     def _path(self, bucket: str, key: str) -> str:
         """A new file name for a version of ``bucket/key`` (never reused: a fetch of an old
@@ -279,8 +241,7 @@ class DataCache(CacheBound):
     # ------------------------------------------------------------------ blocks
 
     def _blocks(self, start: int, end: int) -> range:
-        b = self.block_size
-        return range(start // b, (end + b - 1) // b) if start < end else range(0)
+        return blocks(start, end, self.block_size)
 
     async def ensure(self, store, entry: CacheEntry, start: int, end: int) -> None:
         """Afterwards bytes [start, min(end, size)) of ``entry`` are present in its file
@@ -459,25 +420,18 @@ class DataCache(CacheBound):
             return
         added = sum(e - s for s, e in present.missing(start, end))
         present.add(start, end)
-        self.bytes += added
-        entry.counted += added
-        for block in self._blocks(start, end):
-            unit = (entry.serial, block)
-            self._lru[unit] = entry
-            self._lru.move_to_end(unit)
-            entry.blocks.add(block)
+        self.bound.added(entry, start, end, added)
 
     def _holds(self, entry: CacheEntry) -> bool:
         return self.entries.get((entry.bucket, entry.key)) is entry
 
     def touch(self, entry: CacheEntry, start: int, end: int) -> None:
         """Bytes [start, end) of the entry were read: its blocks are the most recently used."""
-        if entry.blocks:
-            lru = self._lru
-            for block in self._blocks(start, end):
-                unit = (entry.serial, block)
-                if unit in lru:
-                    lru.move_to_end(unit)
+        self.bound.touch(entry, start, end)
+
+    def evict(self) -> None:
+        """Evict clean blocks until the cache is within its bound (``CacheBound.evict``)."""
+        self.bound.evict()
 
     # ------------------------------------------------------------------ opens
 
@@ -495,11 +449,13 @@ class DataCache(CacheBound):
                 self._drop_unused(entry)
             self.evict()
 
-    def _drop_unused(self, entry: CacheEntry) -> None:
-        """An empty clean entry nobody has open: its file goes (and, unless a version
-        change is under way, the entry)."""
+    def _drop_unused(self, entry: CacheEntry) -> bool:
+        """An empty clean entry nobody has open: dropped (its file goes) unless a version
+        change is under way; whether it was."""
         if self._holds(entry) and (entry.bucket, entry.key) not in self._busy:
             self.drop(entry)
+            return True
+        return False
 
     def forget(self, bucket: str, key: str) -> None:
         """The object is gone: drop its entry unless it is open, dirty or being fetched."""
@@ -513,11 +469,7 @@ class DataCache(CacheBound):
         entry's record is the write side's); fetches nobody waits for stop."""
         if self._holds(entry):
             del self.entries[(entry.bucket, entry.key)]
-            self.bytes -= entry.counted
-        entry.counted = 0
-        for block in entry.blocks:
-            self._lru.pop((entry.serial, block), None)
-        entry.blocks = set()
+        self.bound.forget(entry)  # (only an entry the cache holds counts)
         self.cancel(list(entry.fetches.values()))
         _unlink(entry.path)
 
@@ -576,9 +528,8 @@ class DataCache(CacheBound):
         its present bytes."""
         if not self._holds(entry):
             return
-        n = entry.size if entry.dirty or entry.present is None else entry.present.total
-        self.bytes += n - entry.counted
-        entry.counted = n
+        self.bound.recount(entry, entry.size if entry.dirty or entry.present is None
+                           else entry.present.total)
 
     def validated(self, entry: CacheEntry, etag: str) -> None:
         """The entry's content is object version ``etag`` in S3 now (it was uploaded): a
@@ -596,10 +547,7 @@ class DataCache(CacheBound):
             entry.present = RangeSet([(0, entry.size)])
         entry.present.truncate(entry.size)
         if self._holds(entry):
-            for block in entry.blocks:
-                self._lru.pop((entry.serial, block), None)
-            entry.blocks = set()
-            entry.counted, self.bytes = 0, self.bytes - entry.counted
+            self.bound.forget(entry)
             for start, end in list(entry.present):
                 entry.present.remove(start, end)
                 self._add_present(entry, start, end)
@@ -624,3 +572,10 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def pwrite_all(fd: int, offset: int, data) -> None:
+    """All of ``data`` at ``offset`` (a short write: the rest, or the error)."""
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n

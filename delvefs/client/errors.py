@@ -1,7 +1,7 @@
 """The client's errors, and every decision that turns someone else's failure into an errno.
 
 Two exceptions carry an errno: :class:`StoreError` (S3 and the cache directory: raised by
-``delvefs.client.s3async`` and ``delvefs.client.datacache``) and :class:`FsError` (what a
+``delvefs.client.s3async``, ``delvefs.client.datacache`` and ``delvefs.client.journal``) and :class:`FsError` (what a
 file system operation answers; ``delvefs.client.fuse_adapter``'s guard is the only place
 that turns it into a FUSE reply). The table of what becomes which errno:
 
@@ -44,18 +44,21 @@ operation (ENOENT for a missing name, ENOTDIR, EISDIR, ENOTEMPTY, EEXIST, EBADF,
 EINVAL for a name no key maps to, ENODATA, EOPNOTSUPP, EACCES at the mount's root, EPERM
 for a directory in a flat view or a read-only attribute) are raised where the operation
 is, as ``FsError(errno.X)``.
+
+This module is at the bottom of the client: it imports nothing of the cache or the core
+(a cache entry is named by what a message needs of it, :class:`CachedFile`). It also has
+:class:`StopGet`, the one exception of the store's GET that is no failure.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..shared import s3
 
 if TYPE_CHECKING:
-    from .datacache import CacheEntry
     from .handler_api import HandlerError
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,17 @@ class Changed(StoreError):
 
     def __init__(self, message: str):
         super().__init__(errno.EAGAIN, message)
+
+
+class StopGet(Exception):
+    """Raised by a ``get_range`` writer to end the GET: nobody wants its bytes any more."""
+
+
+class CachedFile(Protocol):
+    """What the messages below name of a cache entry (``cacheentry.CacheEntry``)."""
+    bucket: str
+    key: str
+    path: str
 
 
 class FsError(Exception):
@@ -142,7 +156,7 @@ def cache_file_error(exc: OSError, what: str) -> StoreError:
     return StoreError(err, f"{what}: {os.strerror(err)}")
 
 
-def cache_failure(exc: OSError, what: str, entry: CacheEntry) -> FsError:
+def cache_failure(exc: OSError, what: str, entry: CachedFile) -> FsError:
     """An operation's failure on an entry's cache file: one log line naming the object
     and the file, and the errno for the caller."""
     err = errno_of_oserror(exc)
@@ -161,7 +175,7 @@ def store_failure(exc: StoreError, what: str, bucket: str, key: str) -> FsError:
     return FsError(exc.errno, f"{what} {bucket}/{key}: {exc}", logged=True)
 
 
-def read_failed(exc: StoreError, entry: CacheEntry) -> FsError:
+def read_failed(exc: StoreError, entry: CachedFile) -> FsError:
     """A read of an open file lacks bytes the cache could not fetch (S3 failed, the version
     it reads is gone or changed, the cache disk refused): one log line naming the object,
     and EIO — never bytes of another version."""

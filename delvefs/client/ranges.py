@@ -2,7 +2,8 @@
 
 A ``RangeSet`` keeps sorted, disjoint, non-adjacent half-open ranges ``[start, end)``;
 ``add`` merges, ``remove`` cuts, ``missing`` answers what a read or an upload still needs.
-Operations are O(log n + k) for k ranges touched (bisect on the starts).
+Operations are O(log n + k) for k ranges touched (bisect on the starts). ``blocks`` names
+the fixed-size blocks a range touches (the data cache's unit of fetching and eviction).
 """
 from __future__ import annotations
 
@@ -105,3 +106,9 @@ class RangeSet:
         """Drop everything at or beyond ``size``."""
         if self._starts and self._ends[-1] > size:
             self.remove(size, self._ends[-1])
+
+
+def blocks(start: int, end: int, block_size: int) -> range:
+    """The numbers of the blocks of ``block_size`` bytes that [start, end) touches."""
+    b = block_size
+    return range(start // b, (end + b - 1) // b) if start < end else range(0)

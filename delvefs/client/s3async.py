@@ -5,7 +5,9 @@ for deletes, HEADs, small PUTs and ranged GETs) runs in a worker thread
 ``S3Store`` is the real one; tests give the core a fake with the same coroutines
 (read side: head, tags, get_range; write side: upload, copy, delete, put_tags).
 Errors come out as :class:`StoreError` with an errno (ENOENT, EACCES, EIO, ...; the table is
-``delvefs.client.errors``), a 412 as its subclass :class:`Changed`.
+``delvefs.client.errors``), a 412 as its subclass :class:`Changed`. A ``get_range``
+writer ends its GET by raising :class:`StopGet` (also there: the cache raises it and
+knows no store).
 """
 from __future__ import annotations
 
@@ -13,24 +15,19 @@ import errno
 import functools
 import hashlib
 import logging
-import os
 import threading
 import time
 
 import trio
 
 from ..shared import s3
-from .errors import Changed, StoreError, store_error
+from .errors import Changed, StopGet, StoreError, store_error
 
 log = logging.getLogger(__name__)
 
 
 CLIENT = object()   # placeholders in S3Store._call's arguments
 LEAN = object()     # the lean client (``lean``) if given, else CLIENT
-
-
-class StopGet(Exception):
-    """Raised by a ``get_range`` writer to end the GET: nobody wants its bytes any more."""
 
 
 class S3Store:
@@ -383,10 +380,3 @@ def _boto_get_range(client, bucket: str, key: str, start: int, end: int, etag: s
             start += len(data)
     finally:
         body.close()
-
-
-def pwrite_all(fd: int, offset: int, data) -> None:
-    """All of ``data`` at ``offset`` (a short write: the rest, or the error)."""
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n

@@ -204,7 +204,7 @@ def test_cache_keeps_a_free_space_floor(tmp_path, monkeypatch):
     total = cache.bytes
     cache.evict()  # no limit, plenty of space: nothing goes
     assert cache.bytes == total
-    monkeypatch.setattr(cache, "_space_shortfall", lambda: 150)
+    monkeypatch.setattr(cache.bound, "_space_shortfall", lambda: 150)
     cache.evict()  # the two least recently used make room
     assert cache.bytes == total - 200 and [k for _, k in cache.entries] == ["k2", "k3"]
 
