@@ -7,6 +7,9 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from .expressions import TimeRule, parse_comparison
+from .globs import expand_braces, glob_match, is_literal, literal_prefix, unescape
+
 DEFAULT_TTL = 2.0
 
 # The rules that select objects; everything else in a view is an option of the mount, but
@@ -21,52 +24,6 @@ BLOCK_KEYS = ("object", "size", "modified", "properties", "tags", "metadata")
 PROPERTY_RULES = {"properties": ("tags", "metadata"), "tags": ("tags",), "metadata": ("metadata",)}
 ACCESSED_REFUSED = ("S3 records no access time, so no rule can select by it; use `modified` "
                     "(the time of the last write) instead")
-
-@dataclass(frozen=True)
-class TimeRule:
-    """A `modified` rule: an interval over an age (``kind="age"``, seconds
-    before now) or over a time stamp (``kind="time"``, epoch seconds). ``lo``/``hi`` of
-    None are unbounded; ``lo_open``/``hi_open`` make a bound exclusive."""
-
-    kind: str
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-
-    @property
-    def is_relative(self) -> bool:
-        return self.kind == "age"
-
-    def contains(self, value: float) -> bool:
-        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
-            return False
-        if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
-            return False
-        return True
-
-    def spec(self) -> dict:
-        return {"kind": self.kind, "lo": self.lo, "hi": self.hi,
-                "lo_open": self.lo_open, "hi_open": self.hi_open}
-
-    @classmethod
-    def from_spec(cls, spec: dict) -> "TimeRule":
-        unknown = sorted(set(spec) - {"kind", "lo", "hi", "lo_open", "hi_open"})
-        if unknown:
-            raise ValueError(f"unknown time rule keys {unknown}; allowed: kind, lo, hi, lo_open, hi_open")
-        if spec.get("kind") not in ("age", "time"):
-            raise ValueError(f"time rule kind must be 'age' or 'time', not {spec.get('kind')!r}")
-        bounds = [spec.get("lo"), spec.get("hi")]
-        for i, value in enumerate(bounds):
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-                    raise ValueError("time rule bounds must be numbers or null")
-                bounds[i] = float(value)
-        flags = [spec.get("lo_open", False), spec.get("hi_open", False)]
-        if not all(isinstance(flag, bool) for flag in flags):
-            raise ValueError("lo_open and hi_open must be true or false")
-        return cls(spec["kind"], bounds[0], bounds[1], flags[0], flags[1])
-
 
 PropertyRules = dict[str, tuple[str | None, ...]]
 
@@ -355,8 +312,6 @@ def check_property_name(name: str) -> None:
 def canonical_value(text: str) -> str:
     """An accepted property value as written canonically: a comparison in one spelling
     (">=3" is ">= 3"), a glob as it is. ValueError for a bad comparison or glob."""
-    from .expressions import parse_comparison
-
     comparison = parse_comparison(text)
     if comparison is not None:
         return comparison.text
@@ -367,17 +322,12 @@ def canonical_value(text: str) -> str:
 def value_accepts(accepted: str, value: str) -> bool:
     """True when an accepted value of a property rule (a glob or a comparison, as
     canonical_value gives it) accepts the property value `value`."""
-    from .expressions import parse_comparison
-    from .globs import glob_match
-
     comparison = parse_comparison(accepted)
     return comparison.accepts(value) if comparison is not None else glob_match(accepted, value)
 
 
 def check_glob(pattern: str) -> None:
     """ValueError when the matcher cannot take `pattern` (braces expand too far)."""
-    from .globs import expand_braces
-
     expand_braces(pattern)
 
 
@@ -409,8 +359,6 @@ def view_id(spec: dict) -> str:
 
 def default_root(object_glob: str | None) -> str:
     """The literal start of the object glob, cut after its last '/'."""
-    from .globs import literal_prefix
-
     if object_glob is None:
         return ""
     prefix = literal_prefix(object_glob)
@@ -422,9 +370,6 @@ def default_set(properties: PropertyRules, spelling: dict[str, str] | None = Non
     """Properties that files created in a view get by default (as tags): every `properties`
     or `tags` rule with a single, literal, non-null value (the only ones a new file can
     satisfy by itself; a comparison is not literal)."""
-    from .expressions import parse_comparison
-    from .globs import is_literal, unescape
-
     result = {}
     for rules in (properties, tags or {}):
         for key, values in rules.items():
