@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from .expressions import TimeRule, parse_comparison
@@ -28,10 +28,11 @@ ACCESSED_REFUSED = ("S3 records no access time, so no rule can select by it; use
 PropertyRules = dict[str, tuple[str | None, ...]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuleBlock:
-    """Rules that must all hold: a view's top-level rules (View.rules) or one block of its
-    `any`/`not`. Property rules map a lowercased key to the accepted values: globs or numeric
+    """Rules that must all hold: one block of a view's `any`/`not`, or the top-level rules
+    of a view besides `bucket` (View is built on RuleBlock; View.rules is that block alone).
+    Property rules map a lowercased key to the accepted values: globs or numeric
     comparisons (expressions.parse_comparison) as text, None for "the key is absent"."""
 
     object: str | None = None
@@ -87,18 +88,19 @@ class RuleBlock:
             raise ValueError(f"unknown keys {unknown} in {what}; allowed: {', '.join(BLOCK_KEYS)}")
         if not any(spec.get(key) for key in BLOCK_KEYS):
             raise ValueError(f"{what} has no rule; give at least one of {', '.join(BLOCK_KEYS)}")
-        return cls(object=_object_of(spec.get("object")), size=_size_of(spec.get("size")),
-                   modified=_time_rule_of(spec.get("modified"), "modified"),
-                   **{name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES})
+        return cls(**_rules_of(spec))
 
 
-@dataclass(frozen=True)
-class View:
-    """One view of a views file.
+@dataclass(frozen=True, kw_only=True)
+class View(RuleBlock):
+    """One view of a views file: its top-level rules (the fields of RuleBlock) and its
+    options. The answers that depend on every rule (is_time_dependent, reads_tags,
+    reads_metadata) cover `any_of` and `none_of` too; spec() and property_rules() are
+    those of the top level alone (View.rules), filter_spec() is the whole filter.
 
     ``size`` is ``(lo, hi)`` in bytes, both inclusive; ``hi`` is None when unbounded.
     ``properties``, ``tags`` and ``metadata`` are property rules (see RuleBlock). An object
-    belongs to the view when these top-level rules hold, at least one block of ``any_of``
+    belongs to the view when its top-level rules hold, at least one block of ``any_of``
     holds (when there are any) and no block of ``none_of`` holds. ``set`` keeps the keys'
     spelling from the file.
 
@@ -110,12 +112,6 @@ class View:
 
     name: str
     bucket: str
-    object: str | None = None
-    size: tuple[int, int | None] | None = None
-    modified: TimeRule | None = None
-    properties: PropertyRules = field(default_factory=dict)
-    tags: PropertyRules = field(default_factory=dict)
-    metadata: PropertyRules = field(default_factory=dict)
     any_of: tuple[RuleBlock, ...] = ()
     none_of: tuple[RuleBlock, ...] = ()
     layout: str = "tree"
@@ -130,8 +126,8 @@ class View:
 
     @cached_property
     def rules(self) -> RuleBlock:
-        """The top-level rules besides `bucket`."""
-        return RuleBlock(self.object, self.size, self.modified, self.properties, self.tags, self.metadata)
+        """The top-level rules besides `bucket`, as a block of their own."""
+        return RuleBlock(**{rule.name: getattr(self, rule.name) for rule in fields(RuleBlock)})
 
     @cached_property
     def blocks(self) -> tuple[RuleBlock, ...]:
@@ -197,7 +193,7 @@ class View:
         bucket = spec.get("bucket")
         if not isinstance(bucket, str) or not bucket:
             raise ValueError("`bucket` must be a non-empty string")
-        rules = {name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES}
+        rules = _rules_of(spec)
         blocks = {}
         for key in ("any", "not"):
             value = spec.get(key)
@@ -207,22 +203,25 @@ class View:
             if not isinstance(value, list) or not value:
                 raise ValueError(f"`{key}` must be a non-empty list of rule blocks")
             blocks[key] = tuple(RuleBlock.from_spec(block, f"a block of `{key}`") for block in value)
-        obj = _object_of(spec.get("object"))
         layout_by = _layout_by_of(spec.get("layout_by"))
         return cls(
             name=name,
             bucket=bucket,
-            object=obj,
-            size=_size_of(spec.get("size")),
-            modified=_time_rule_of(spec.get("modified"), "modified"),
             any_of=blocks["any"],
             none_of=blocks["not"],
-            root=default_root(obj),
+            root=default_root(rules["object"]),
             set=default_set(rules["properties"], tags=rules["tags"]),
             layout="flat" if layout_by else "tree",
             layout_by=layout_by,
             **rules,
         )
+
+
+def _rules_of(spec: dict) -> dict:
+    """The RuleBlock fields of a spec's rules (a view's top level or one block)."""
+    return {"object": _object_of(spec.get("object")), "size": _size_of(spec.get("size")),
+            "modified": _time_rule_of(spec.get("modified"), "modified"),
+            **{name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES}}
 
 
 def _layout_by_of(names) -> tuple[str, ...] | None:
