@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_EXCHANGE = "delvefs"
 DEFAULT_NOTIFY_ARN = "arn:minio:sqs::PRIMARY:amqp"
@@ -55,6 +56,14 @@ def upload_while_writing(env=os.environ) -> bool:
     (``DELVEFS_UPLOAD_WHILE_WRITING=1``; off by default: on 2 shared cores it slowed a 1 GiB
     ``dd`` down, docs/SEMANTICS.md)."""
     return env.get("DELVEFS_UPLOAD_WHILE_WRITING", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def state_dir(flag: str | None = None, env=os.environ) -> Path:
+    """The handler's state directory (LevelDB, principals, grants): ``--state-dir``, else
+    $XDG_STATE_HOME/delvefs, else ~/.local/state/delvefs."""
+    if flag:
+        return Path(flag)
+    return Path(env.get("XDG_STATE_HOME") or Path.home() / ".local/state") / "delvefs"
 
 
 def amqp_url(flag: str | None = None, env=os.environ) -> str:
