@@ -640,7 +640,7 @@ def main(argv=None) -> int:
             ensure_bam_objects(client, bam)
         if "append" in only:
             prepare_append(client, args.size_mib, res)
-        from delvefs.devtools.handlerprocess import HandlerProcess
+        from eventhandler.devtools import HandlerProcess
         handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
         handler.start()
         mounts = Mounts(env, work, handler.url, VIEWS)

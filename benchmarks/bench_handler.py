@@ -53,8 +53,8 @@ from delvefs.shared.config import S3Settings  # noqa: E402
 from delvefs.shared.s3 import (LeanClient, ensure_bucket, make_client, presigned_list_url,  # noqa: E402
                                wire_notifications)
 from eventhandler.amqp import declare  # noqa: E402
+from eventhandler.devtools import HandlerProcess  # noqa: E402
 from eventhandler.events import make_message  # noqa: E402
-from delvefs.devtools.handlerprocess import HandlerProcess  # noqa: E402
 from rulesets import View  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -33,8 +33,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from delvefs.devtools.localservices import LocalServices  # noqa: E402
 from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url  # noqa: E402
+from eventhandler.devtools import HandlerProcess, spec  # noqa: E402
 from eventhandler.events import make_message  # noqa: E402
-from delvefs.devtools.handlerprocess import HandlerProcess, spec  # noqa: E402
 
 BUCKET = "small-view-bench"
 

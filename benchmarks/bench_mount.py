@@ -355,7 +355,7 @@ def main(argv=None) -> int:
             return 0
         for b in (BUCKET, BIG_BUCKET):
             wire_notifications(client, b, svc.minio.notify_arn)
-        from delvefs.devtools.handlerprocess import HandlerProcess
+        from eventhandler.devtools import HandlerProcess
         handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
         handler.start()
         env["DELVEFS_HANDLER_TOKEN"] = "bench"

@@ -207,7 +207,7 @@ def main(argv=None) -> int:
             chunk = os.urandom(1 << 20)
             for _ in range(args.big_mib):
                 f.write(chunk)
-        from delvefs.devtools.handlerprocess import HandlerProcess
+        from eventhandler.devtools import HandlerProcess
         handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
         handler.start()
         env["DELVEFS_HANDLER_TOKEN"] = "bench"

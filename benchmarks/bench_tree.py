@@ -321,7 +321,7 @@ def main(argv=None) -> int:
         ensure_bucket(client, BUCKET)
         clear(client)
         wire_notifications(client, BUCKET, svc.minio.notify_arn)
-        from delvefs.devtools.handlerprocess import HandlerProcess
+        from eventhandler.devtools import HandlerProcess
         handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
         handler.start()
         try:

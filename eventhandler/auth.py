@@ -32,6 +32,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from delvefs.shared import config
 from delvefs.shared.config import (DEFAULT_PRINCIPAL, MAX_PROOF_LIFETIME, PRINCIPAL_NAME_PATTERN,
                                    principal_of_token)
 from delvefs.shared.s3 import PRINCIPAL_PARAM
@@ -495,10 +496,7 @@ def principals_path(state_dir: str | None, principals: str | None) -> Path:
     """``--principals FILE``, else ``principals.json`` in ``--state-dir`` (or its default)."""
     if principals:
         return Path(principals)
-    if state_dir:
-        return Path(state_dir) / PRINCIPALS_FILE
-    from .main import default_state_dir
-    return default_state_dir() / PRINCIPALS_FILE
+    return config.state_dir(state_dir) / PRINCIPALS_FILE
 
 
 def run_principal_command(args) -> int:

@@ -48,7 +48,6 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from aiohttp import web
 
@@ -63,11 +62,6 @@ DEFAULT_LISTEN = "127.0.0.1:8731"
 def parse_listen(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return (host.strip("[]") or "127.0.0.1"), int(port)
-
-
-def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local/state")
-    return Path(base) / "delvefs"
 
 
 async def serve(app: web.Application, host: str, port: int, stop: asyncio.Event,
@@ -106,7 +100,7 @@ def run(args) -> int:
 
     # the API thread must not wait 5 ms (the default GIL switch interval) for a busy consumer
     sys.setswitchinterval(float(os.environ.get("DELVEFS_SWITCH_INTERVAL", "0.0005")))
-    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    state_dir = config.state_dir(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
     # who may call the API (eventhandler/auth.py), settled before anything listens

@@ -5,9 +5,10 @@ extension ``rulesets._native``; ``rulesets.reference`` is the pure-Python refere
 of the matching semantics (and ``rulesets.globs`` of the glob semantics) that the
 extension must agree with. docs/RULESETS.md is the user's reference.
 """
+from .expressions import TimeRule
 from .loader import Problem, ViewsError, load_views, parse_views
 from .matcher import Matcher, compile_views
-from .model import ObjectInfo, RuleBlock, TimeRule, View, view_id
+from .model import ObjectInfo, RuleBlock, View, view_id
 
 __all__ = ["load_views", "parse_views", "ViewsError", "Problem", "View", "RuleBlock", "ObjectInfo",
            "TimeRule", "compile_views", "Matcher", "view_id"]

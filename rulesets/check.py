@@ -9,10 +9,10 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from .expressions import parse_comparison
+from .expressions import TimeRule, parse_comparison
 from .loader import ViewsError, load_views
 from .matcher import compile_views
-from .model import ObjectInfo, RuleBlock, TimeRule, View
+from .model import ObjectInfo, RuleBlock, View
 
 OBJECT_FIELDS = ("bucket", "key", "size", "mtime", "atime", "tags", "metadata")
 _META_PREFIX = "x-amz-meta-"

@@ -1,5 +1,6 @@
-"""Parsers of the small expression languages in rules: sizes, times, durations and
-numeric comparisons of property values.
+"""The small expression languages in rules: sizes, times, durations and numeric
+comparisons of property values; their parsers and what times and comparisons denote
+(TimeRule, NumberRange).
 
 Each parser raises ValueError with a message that says what is wrong and what is allowed.
 """
@@ -10,8 +11,6 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
-
-from .model import TimeRule
 
 MAX_SIZE = 2**63 - 1
 
@@ -89,6 +88,52 @@ def parse_size(value: str | int) -> tuple[int, int | None]:
     if hi is not None and lo > hi:
         raise ValueError(f"size {value!r} matches no object (empty range); {SIZE_ALLOWED}")
     return lo, hi
+
+
+@dataclass(frozen=True)
+class TimeRule:
+    """A `modified` rule: an interval over an age (``kind="age"``, seconds
+    before now) or over a time stamp (``kind="time"``, epoch seconds). ``lo``/``hi`` of
+    None are unbounded; ``lo_open``/``hi_open`` make a bound exclusive."""
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    @property
+    def is_relative(self) -> bool:
+        return self.kind == "age"
+
+    def contains(self, value: float) -> bool:
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
+            return False
+        return True
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "lo": self.lo, "hi": self.hi,
+                "lo_open": self.lo_open, "hi_open": self.hi_open}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "TimeRule":
+        unknown = sorted(set(spec) - {"kind", "lo", "hi", "lo_open", "hi_open"})
+        if unknown:
+            raise ValueError(f"unknown time rule keys {unknown}; allowed: kind, lo, hi, lo_open, hi_open")
+        if spec.get("kind") not in ("age", "time"):
+            raise ValueError(f"time rule kind must be 'age' or 'time', not {spec.get('kind')!r}")
+        bounds = [spec.get("lo"), spec.get("hi")]
+        for i, value in enumerate(bounds):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                    raise ValueError("time rule bounds must be numbers or null")
+                bounds[i] = float(value)
+        flags = [spec.get("lo_open", False), spec.get("hi_open", False)]
+        if not all(isinstance(flag, bool) for flag in flags):
+            raise ValueError("lo_open and hi_open must be true or false")
+        return cls(spec["kind"], bounds[0], bounds[1], flags[0], flags[1])
 
 
 def _age(text: str) -> float:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from . import _native
-from .expressions import parse_comparison
+from .expressions import TimeRule, parse_comparison
 from .globs import expand_braces, glob_match, is_literal, literal_prefix, literal_suffix, unescape
-from .model import ObjectInfo, RuleBlock, TimeRule, View
+from .model import ObjectInfo, RuleBlock, View
 
 _TIME_KINDS = {"age": 1, "time": 2}
 # native/matcher.h: DFS_FROM_TAGS = 1, DFS_FROM_METADATA = 2; DFS_VALUE_GLOB = 1, DFS_VALUE_NUMBER = 2

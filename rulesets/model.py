@@ -4,8 +4,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+
+from .expressions import TimeRule, parse_comparison
+from .globs import expand_braces, glob_match, is_literal, literal_prefix, unescape
 
 DEFAULT_TTL = 2.0
 
@@ -22,59 +25,14 @@ PROPERTY_RULES = {"properties": ("tags", "metadata"), "tags": ("tags",), "metada
 ACCESSED_REFUSED = ("S3 records no access time, so no rule can select by it; use `modified` "
                     "(the time of the last write) instead")
 
-@dataclass(frozen=True)
-class TimeRule:
-    """A `modified` rule: an interval over an age (``kind="age"``, seconds
-    before now) or over a time stamp (``kind="time"``, epoch seconds). ``lo``/``hi`` of
-    None are unbounded; ``lo_open``/``hi_open`` make a bound exclusive."""
-
-    kind: str
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-
-    @property
-    def is_relative(self) -> bool:
-        return self.kind == "age"
-
-    def contains(self, value: float) -> bool:
-        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
-            return False
-        if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
-            return False
-        return True
-
-    def spec(self) -> dict:
-        return {"kind": self.kind, "lo": self.lo, "hi": self.hi,
-                "lo_open": self.lo_open, "hi_open": self.hi_open}
-
-    @classmethod
-    def from_spec(cls, spec: dict) -> "TimeRule":
-        unknown = sorted(set(spec) - {"kind", "lo", "hi", "lo_open", "hi_open"})
-        if unknown:
-            raise ValueError(f"unknown time rule keys {unknown}; allowed: kind, lo, hi, lo_open, hi_open")
-        if spec.get("kind") not in ("age", "time"):
-            raise ValueError(f"time rule kind must be 'age' or 'time', not {spec.get('kind')!r}")
-        bounds = [spec.get("lo"), spec.get("hi")]
-        for i, value in enumerate(bounds):
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-                    raise ValueError("time rule bounds must be numbers or null")
-                bounds[i] = float(value)
-        flags = [spec.get("lo_open", False), spec.get("hi_open", False)]
-        if not all(isinstance(flag, bool) for flag in flags):
-            raise ValueError("lo_open and hi_open must be true or false")
-        return cls(spec["kind"], bounds[0], bounds[1], flags[0], flags[1])
-
-
 PropertyRules = dict[str, tuple[str | None, ...]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuleBlock:
-    """Rules that must all hold: a view's top-level rules (View.rules) or one block of its
-    `any`/`not`. Property rules map a lowercased key to the accepted values: globs or numeric
+    """Rules that must all hold: one block of a view's `any`/`not`, or the top-level rules
+    of a view besides `bucket` (View is built on RuleBlock; View.rules is that block alone).
+    Property rules map a lowercased key to the accepted values: globs or numeric
     comparisons (expressions.parse_comparison) as text, None for "the key is absent"."""
 
     object: str | None = None
@@ -130,18 +88,19 @@ class RuleBlock:
             raise ValueError(f"unknown keys {unknown} in {what}; allowed: {', '.join(BLOCK_KEYS)}")
         if not any(spec.get(key) for key in BLOCK_KEYS):
             raise ValueError(f"{what} has no rule; give at least one of {', '.join(BLOCK_KEYS)}")
-        return cls(object=_object_of(spec.get("object")), size=_size_of(spec.get("size")),
-                   modified=_time_rule_of(spec.get("modified"), "modified"),
-                   **{name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES})
+        return cls(**_rules_of(spec))
 
 
-@dataclass(frozen=True)
-class View:
-    """One view of a views file.
+@dataclass(frozen=True, kw_only=True)
+class View(RuleBlock):
+    """One view of a views file: its top-level rules (the fields of RuleBlock) and its
+    options. The answers that depend on every rule (is_time_dependent, reads_tags,
+    reads_metadata) cover `any_of` and `none_of` too; spec() and property_rules() are
+    those of the top level alone (View.rules), filter_spec() is the whole filter.
 
     ``size`` is ``(lo, hi)`` in bytes, both inclusive; ``hi`` is None when unbounded.
     ``properties``, ``tags`` and ``metadata`` are property rules (see RuleBlock). An object
-    belongs to the view when these top-level rules hold, at least one block of ``any_of``
+    belongs to the view when its top-level rules hold, at least one block of ``any_of``
     holds (when there are any) and no block of ``none_of`` holds. ``set`` keeps the keys'
     spelling from the file.
 
@@ -153,12 +112,6 @@ class View:
 
     name: str
     bucket: str
-    object: str | None = None
-    size: tuple[int, int | None] | None = None
-    modified: TimeRule | None = None
-    properties: PropertyRules = field(default_factory=dict)
-    tags: PropertyRules = field(default_factory=dict)
-    metadata: PropertyRules = field(default_factory=dict)
     any_of: tuple[RuleBlock, ...] = ()
     none_of: tuple[RuleBlock, ...] = ()
     layout: str = "tree"
@@ -173,8 +126,8 @@ class View:
 
     @cached_property
     def rules(self) -> RuleBlock:
-        """The top-level rules besides `bucket`."""
-        return RuleBlock(self.object, self.size, self.modified, self.properties, self.tags, self.metadata)
+        """The top-level rules besides `bucket`, as a block of their own."""
+        return RuleBlock(**{rule.name: getattr(self, rule.name) for rule in fields(RuleBlock)})
 
     @cached_property
     def blocks(self) -> tuple[RuleBlock, ...]:
@@ -240,7 +193,7 @@ class View:
         bucket = spec.get("bucket")
         if not isinstance(bucket, str) or not bucket:
             raise ValueError("`bucket` must be a non-empty string")
-        rules = {name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES}
+        rules = _rules_of(spec)
         blocks = {}
         for key in ("any", "not"):
             value = spec.get(key)
@@ -250,22 +203,25 @@ class View:
             if not isinstance(value, list) or not value:
                 raise ValueError(f"`{key}` must be a non-empty list of rule blocks")
             blocks[key] = tuple(RuleBlock.from_spec(block, f"a block of `{key}`") for block in value)
-        obj = _object_of(spec.get("object"))
         layout_by = _layout_by_of(spec.get("layout_by"))
         return cls(
             name=name,
             bucket=bucket,
-            object=obj,
-            size=_size_of(spec.get("size")),
-            modified=_time_rule_of(spec.get("modified"), "modified"),
             any_of=blocks["any"],
             none_of=blocks["not"],
-            root=default_root(obj),
+            root=default_root(rules["object"]),
             set=default_set(rules["properties"], tags=rules["tags"]),
             layout="flat" if layout_by else "tree",
             layout_by=layout_by,
             **rules,
         )
+
+
+def _rules_of(spec: dict) -> dict:
+    """The RuleBlock fields of a spec's rules (a view's top level or one block)."""
+    return {"object": _object_of(spec.get("object")), "size": _size_of(spec.get("size")),
+            "modified": _time_rule_of(spec.get("modified"), "modified"),
+            **{name: _property_rules_of(spec.get(name), name) for name in PROPERTY_RULES}}
 
 
 def _layout_by_of(names) -> tuple[str, ...] | None:
@@ -355,8 +311,6 @@ def check_property_name(name: str) -> None:
 def canonical_value(text: str) -> str:
     """An accepted property value as written canonically: a comparison in one spelling
     (">=3" is ">= 3"), a glob as it is. ValueError for a bad comparison or glob."""
-    from .expressions import parse_comparison
-
     comparison = parse_comparison(text)
     if comparison is not None:
         return comparison.text
@@ -367,17 +321,12 @@ def canonical_value(text: str) -> str:
 def value_accepts(accepted: str, value: str) -> bool:
     """True when an accepted value of a property rule (a glob or a comparison, as
     canonical_value gives it) accepts the property value `value`."""
-    from .expressions import parse_comparison
-    from .globs import glob_match
-
     comparison = parse_comparison(accepted)
     return comparison.accepts(value) if comparison is not None else glob_match(accepted, value)
 
 
 def check_glob(pattern: str) -> None:
     """ValueError when the matcher cannot take `pattern` (braces expand too far)."""
-    from .globs import expand_braces
-
     expand_braces(pattern)
 
 
@@ -409,8 +358,6 @@ def view_id(spec: dict) -> str:
 
 def default_root(object_glob: str | None) -> str:
     """The literal start of the object glob, cut after its last '/'."""
-    from .globs import literal_prefix
-
     if object_glob is None:
         return ""
     prefix = literal_prefix(object_glob)
@@ -422,9 +369,6 @@ def default_set(properties: PropertyRules, spelling: dict[str, str] | None = Non
     """Properties that files created in a view get by default (as tags): every `properties`
     or `tags` rule with a single, literal, non-null value (the only ones a new file can
     satisfy by itself; a comparison is not literal)."""
-    from .expressions import parse_comparison
-    from .globs import is_literal, unescape
-
     result = {}
     for rules in (properties, tags or {}):
         for key, values in rules.items():

@@ -124,6 +124,14 @@ def scan_wait(env=os.environ) -> float:
 
 # ---- the event handler and the clients --------------------------------------------------
 
+def state_dir(flag: str | None = None, env=os.environ) -> Path:
+    """The handler's state directory (LevelDB, principals, grants): ``--state-dir``, else
+    $XDG_STATE_HOME/delvefs, else ~/.local/state/delvefs."""
+    if flag:
+        return Path(flag)
+    return Path(env.get("XDG_STATE_HOME") or Path.home() / ".local/state") / "delvefs"
+
+
 def amqp_url(flag: str | None = None, env=os.environ) -> str:
     return flag or env.get("DELVEFS_AMQP_URL") or DEFAULT_AMQP_URL
 

@@ -29,7 +29,7 @@ def fuse_available() -> bool:
 def started_handler(env: dict, state_dir: Path, **kwargs):
     """A running handler subprocess on ``env``'s services; a test fails (CI) or skips
     when it cannot start. The caller closes it."""
-    from delvefs.devtools.handlerprocess import HandlerProcess
+    from eventhandler.devtools import HandlerProcess
     h = HandlerProcess(env, state_dir, **kwargs)
     try:
         h.start()

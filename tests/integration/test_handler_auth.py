@@ -20,11 +20,11 @@ import httpx
 import pytest
 
 from delvefs.client.handler_api import HandlerError, SyncHandlerClient, register_request
-from delvefs.devtools.handlerprocess import VENV_BIN, HandlerGroup, Publisher, spec
 from delvefs.devtools.localservices import free_port
 from delvefs.shared import s3 as s3mod
 from delvefs.shared.config import S3Settings
 from eventhandler.auth import add_principal
+from eventhandler.devtools import VENV_BIN, HandlerGroup, Publisher, spec
 from rulesets.model import view_id
 
 from ..waiting import wait_until

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from delvefs.shared.s3 import presigned_list_url
-from delvefs.devtools.handlerprocess import HandlerProcess, Publisher, spec
+from eventhandler.devtools import HandlerProcess, Publisher, spec
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.services

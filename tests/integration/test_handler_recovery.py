@@ -14,7 +14,7 @@ import pytest
 
 from delvefs.shared.config import S3Settings
 from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url, wire_notifications
-from delvefs.devtools.handlerprocess import HandlerProcess, Publisher, spec
+from eventhandler.devtools import HandlerProcess, Publisher, spec
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.services

@@ -16,10 +16,10 @@ import pika
 import pytest
 
 from delvefs.client.handler_api import HandlerUnavailable, SyncHandlerClient
-from delvefs.devtools.handlerprocess import HandlerGroup, Publisher, spec
 from delvefs.shared.config import S3Settings
 from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url, wire_notifications
 from eventhandler.amqp import UPGRADE_SUFFIX, queue_arguments, queue_names
+from eventhandler.devtools import HandlerGroup, Publisher, spec
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until

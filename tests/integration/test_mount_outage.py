@@ -135,7 +135,7 @@ def test_a_killed_handler_restarted_on_its_state_is_caught_up_by_delta(mounts, h
 
 def test_a_handler_restarted_on_an_empty_state_gets_the_views_again(mounts, handler, services, s3,
                                                                     bucket, tmp_path):
-    from delvefs.devtools.handlerprocess import HandlerProcess
+    from eventhandler.devtools import HandlerProcess
     mp, log = mount_listed(mounts, s3, bucket, tmp_path, a=b"a", b=b"b")
     served = Served(mp)
     handler.kill()

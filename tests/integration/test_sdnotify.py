@@ -65,7 +65,7 @@ def test_mount_tells_systemd_when_ready_and_when_stopping(mounts, s3, bucket, tm
 
 
 def test_handler_tells_systemd_when_its_api_answers(services, service_env, tmp_path):
-    from delvefs.devtools.handlerprocess import HandlerProcess
+    from eventhandler.devtools import HandlerProcess
     sock = listen(tmp_path / "notify")
     h = HandlerProcess(services.env(), tmp_path / "state",
                        extra_env={"NOTIFY_SOCKET": str(tmp_path / "notify")})

@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from delvefs.devtools.handlerprocess import HandlerProcess
 from delvefs.devtools.localservices import MotoServer, ServiceError
 from delvefs.shared import s3
+from eventhandler.devtools import HandlerProcess
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until

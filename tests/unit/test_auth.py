@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import urllib.parse
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from delvefs.shared import s3
 from delvefs.shared.config import S3Settings, principal_of_token
 from eventhandler.auth import (GRANTED, LAPSED, NONE, Authenticator, Grants, ProofRefused,
                                PrincipalsError, Unauthorized, add_principal, listen_is_loopback,
-                               parse_proof, read_principals, revoke_principal)
+                               parse_proof, principals_path, read_principals, revoke_principal)
 from rulesets.loader import load_views
 
 ENDPOINT = "http://127.0.0.1:9000"
@@ -243,6 +244,16 @@ def test_principals_file_keeps_hashes_only(tmp_path):
     assert set(read_principals(path)) == {"bob"}
     with pytest.raises(PrincipalsError, match="no principal"):
         revoke_principal(path, "alice")
+
+
+def test_principals_file_is_found_by_flag_then_state_dir_then_xdg_state_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert principals_path(None, None) == tmp_path / "xdg" / "delvefs" / "principals.json"
+    assert principals_path(str(tmp_path / "state"), None) == tmp_path / "state" / "principals.json"
+    assert principals_path(str(tmp_path / "state"), "/etc/p.json") == Path("/etc/p.json")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert principals_path(None, None) == tmp_path / "home" / ".local/state/delvefs/principals.json"
 
 
 def test_authenticator_follows_the_file_without_restart(tmp_path):

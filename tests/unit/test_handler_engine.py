@@ -15,11 +15,11 @@ from hypothesis import strategies as st_h
 
 from eventhandler import records
 from eventhandler import statedb as st
+from eventhandler.devtools import spec
 from eventhandler.engine import Engine
 from eventhandler.events import make_message, parse_message
 from eventhandler.metrics import Metrics
 from rulesets import View
-from delvefs.devtools.handlerprocess import spec
 from tests.unit import test_rulesets_native as native
 from tests.waiting import wait_until
 

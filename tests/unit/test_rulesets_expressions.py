@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rulesets.expressions import (NumberRange, compare_decimals, decimal_parts, parse_comparison,
+from rulesets.expressions import (NumberRange, TimeRule, compare_decimals, decimal_parts, parse_comparison,
                                   parse_duration, parse_size, parse_time)
-from rulesets.model import TimeRule
 
 
 def utc(*parts) -> float:

@@ -1,6 +1,6 @@
-"""Helpers for tests and benchmarks of the handler: run ``delvefs eventhandler`` as a real
-subprocess on a free port, talk to its API (through :mod:`delvefs.client.handler_api`),
-publish crafted MinIO-format events."""
+"""Tools for tests and benchmarks of the handler, not part of it: run ``delvefs
+eventhandler`` as a real subprocess on a free port, talk to its API (through
+:mod:`delvefs.client.handler_api`), publish crafted MinIO-format events."""
 from __future__ import annotations
 
 import os
@@ -17,9 +17,10 @@ import httpx
 
 from delvefs.client.handler_api import HandlerError, SyncHandlerClient, register_request
 from delvefs.devtools.localservices import free_port
+from rulesets import View
 
-from eventhandler.amqp import EventPublisher
-from eventhandler.events import make_message
+from .amqp import EventPublisher
+from .events import make_message
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -162,7 +163,6 @@ class HandlerGroup:
 
 def spec(bucket: str, **rules) -> dict:
     """A filter spec as View.filter_spec() makes it."""
-    from rulesets import View
     return View.from_filter_spec("x", {"bucket": bucket, **rules}).filter_spec()
 
 
