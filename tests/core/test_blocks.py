@@ -245,7 +245,8 @@ async def test_a_deleted_object_is_enoent_on_first_read(make_world):
 
 
 async def test_a_dirty_entry_gets_only_the_bytes_still_missing_never_over_a_write(tmp_path):
-    from delvefs.client.datacache import CacheEntry, DataCache
+    from delvefs.client.cacheentry import CacheEntry
+    from delvefs.client.datacache import DataCache
     from delvefs.client.ranges import RangeSet
 
     from .fakes import FakeStore

@@ -195,7 +195,8 @@ def test_cache_size_units(text, size):
 
 
 def test_cache_keeps_a_free_space_floor(tmp_path, monkeypatch):
-    from delvefs.client.datacache import CacheEntry, DataCache
+    from delvefs.client.cacheentry import CacheEntry
+    from delvefs.client.datacache import DataCache
     cache = DataCache(tmp_path)
     for i in range(4):
         e = CacheEntry("b", f"k{i}", str(tmp_path / f"f{i}"))

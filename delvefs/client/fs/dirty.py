@@ -50,7 +50,8 @@ import os
 import struct
 import time
 
-from ..datacache import CacheEntry, DataCache
+from ..cacheentry import CacheEntry
+from ..datacache import DataCache
 from ..errors import cache_file_error
 from ..ranges import RangeSet
 

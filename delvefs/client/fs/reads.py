@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from ..datacache import CacheEntry
+from ..cacheentry import CacheEntry
 from ..errors import StoreError, cache_failure, read_failed, store_failure
 from .handles import FileHandle, Handles
 from .inodes import InodeTable

@@ -40,7 +40,7 @@ from typing import NoReturn
 
 import trio
 
-from ..datacache import CacheEntry
+from ..cacheentry import CacheEntry
 from ..errors import Changed, FsError, StoreError, store_failure
 from . import rebuild
 from .catalog import ViewCatalog

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 
-from ..datacache import CacheEntry
+from ..cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_only, store_failure
 from .handles import FileHandle, Handles
 from .inodes import File, InodeTable, Node, key_for, writable_dir
