@@ -496,3 +496,32 @@ async def test_a_descriptor_open_across_another_writers_close_writes_the_same_fi
     await w.fs.setattr(node.ino, size=4, fh=fh1)           # ftruncate through fd1 works too
     await w.close(fh1)
     assert w.obj("v", "data/f")["data"] == b"bbc\0"
+
+
+@pytest.mark.parametrize("mode, offset, length, expected", [
+    (0, 2, 8, b"abcdef\0\0\0\0"),                 # extends with zeros
+    (0, 0, 3, b"abcdef"),                           # inside: nothing changes
+    (0x01, 0, 100, b"abcdef"),                      # KEEP_SIZE: nothing changes
+    (0x03, 1, 2, b"a\0\0def"),                      # PUNCH_HOLE | KEEP_SIZE
+    (0x03, 4, 100, b"abcd\0\0"),                    # a hole past the end keeps the size
+    (0x10, 4, 4, b"abcd\0\0\0\0"),                  # ZERO_RANGE extends
+    (0x11, 4, 4, b"abcd\0\0"),                      # ZERO_RANGE | KEEP_SIZE does not
+])
+async def test_fallocate_modes_end_as_zeros_in_s3(make_world, mode, offset, length, expected):
+    w = await make_world(wview()).start()
+    fh, node = await w.open_write("v/f")
+    await w.fs.write(fh, 0, b"abcdef")
+    await w.fs.fallocate(node.ino, fh, mode, offset, length)
+    assert w.fs.stat(node)[2] == len(expected)
+    await w.close(fh)
+    assert w.obj("v", "data/f")["data"] == expected
+
+
+async def test_fallocate_modes_that_move_data_are_eopnotsupp(make_world):
+    w = await make_world(wview()).start()
+    fh, node = await w.open_write("v/f")
+    for mode in (0x02, 0x08, 0x20, 0x40):  # a hole without KEEP_SIZE, collapse, insert, unshare
+        with pytest.raises(FsError) as e:
+            await w.fs.fallocate(node.ino, fh, mode, 0, 1)
+        assert e.value.errno == errno.EOPNOTSUPP
+    await w.close(fh)

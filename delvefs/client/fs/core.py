@@ -180,6 +180,9 @@ class FileSystem:
     async def setattr(self, ino: int, *, size: int | None = None, fh: int | None = None) -> Node:
         return await self.writes.setattr(ino, size=size, fh=fh)
 
+    async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
+        await self.writes.fallocate(ino, fh, mode, offset, length)
+
     async def unlink(self, parent_ino: int, name: str) -> None:
         await self.namespace.unlink(parent_ino, name)
 

@@ -29,6 +29,12 @@ from .views import Views
 
 log = logging.getLogger(__name__)
 
+# fallocate(2) modes (linux/falloc.h)
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+ZEROS_AT_ONCE = 1 << 20  # a punched hole or zeroed range is written in pieces this big
+
 
 class Writes:
     """create, write, flush, fsync and truncate of dirty files."""
@@ -152,6 +158,32 @@ class Writes:
         if self.stream_parts:
             self.uploads.stream(entry, off, off + n)
         return n
+
+    async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
+        """fallocate(2) through a descriptor open for writing: mode 0 extends the file with
+        zeros to ``offset + length`` (S3 has no preallocation: nothing else to do);
+        ``KEEP_SIZE`` alone changes nothing; ``PUNCH_HOLE | KEEP_SIZE`` and ``ZERO_RANGE``
+        (with or without ``KEEP_SIZE``) make the range zeros, uploaded as zeros. Other modes
+        (collapse, insert, unshare) are EOPNOTSUPP."""
+        h = self.handles.files.get(fh)
+        if h is None or not h.writer:
+            raise FsError(errno.EBADF)
+        if offset < 0 or length <= 0:
+            raise FsError(errno.EINVAL)
+        keep = bool(mode & FALLOC_FL_KEEP_SIZE)
+        zeroing = mode & ~FALLOC_FL_KEEP_SIZE
+        if zeroing not in (0, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE) or (
+                zeroing == FALLOC_FL_PUNCH_HOLE and not keep):
+            raise FsError(errno.EOPNOTSUPP, f"fallocate mode {mode:#x} is not supported")
+        end, size = offset + length, h.entry.size
+        if not zeroing:
+            if not keep and end > size:
+                await self.setattr(ino, size=end, fh=fh)
+            return
+        stop = min(end, size) if keep else end
+        for at in range(offset, stop, ZEROS_AT_ONCE):
+            n = min(ZEROS_AT_ONCE, stop - at)
+            await self.write(fh, at, bytes(n))
 
     def _write_orphan(self, h: FileHandle, off: int, data: bytes) -> int:
         """A write to a file unlinked (or replaced by a rename) while open: the file lives
