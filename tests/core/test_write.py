@@ -525,3 +525,42 @@ async def test_fallocate_modes_that_move_data_are_eopnotsupp(make_world):
             await w.fs.fallocate(node.ino, fh, mode, 0, 1)
         assert e.value.errno == errno.EOPNOTSUPP
     await w.close(fh)
+
+
+async def test_copy_file_range_of_a_whole_object_into_a_new_file_is_a_server_side_copy(
+        make_world):
+    w = make_world(wview(set={"stage": "copied"}))
+    w.add("v", "data/src", b"0123456789", tags={"owner": "x"})
+    await w.start()
+    src = await w.path("v/src")
+    fh_in, _ = await w.fs.open(src.ino, os.O_RDONLY)
+    fh_out, dst = await w.open_write("v/dst")
+    assert await w.fs.copy_file_range(fh_in, 0, fh_out, 0, 1 << 62, 0) == 10
+    assert w.store.wcalls["copy"] == 1 and w.store.uploaded == []   # no bytes moved
+    assert w.obj("v", "data/dst")["tags"] == {"stage": "copied"}    # a new file's tags
+    assert await w.fs.read(fh_out, 0, 100) == b"0123456789"         # read back through it
+    await w.fs.write(fh_out, 10, b"!")                              # and written further
+    await w.close(fh_out)
+    await w.fs.release(fh_in)
+    assert w.obj("v", "data/dst")["data"] == b"0123456789!"
+    assert w.fs.stat(dst)[2] == 11
+
+
+async def test_copy_file_range_of_anything_else_lets_the_kernel_copy(make_world):
+    w = make_world(wview())
+    w.add("v", "data/src", b"0123456789")
+    await w.start()
+    src = await w.path("v/src")
+    fh_in, _ = await w.fs.open(src.ino, os.O_RDONLY)
+    fh_out, _ = await w.open_write("v/dst")
+    for args in ((2, fh_out, 0, 8), (0, fh_out, 3, 10), (0, fh_out, 0, 5)):  # part, offset
+        off_in, out, off_out, length = args
+        with pytest.raises(FsError) as e:
+            await w.fs.copy_file_range(fh_in, off_in, out, off_out, length, 0)
+        assert e.value.errno == errno.EOPNOTSUPP
+    await w.fs.write(fh_out, 0, b"x")                               # not empty any more
+    with pytest.raises(FsError) as e:
+        await w.fs.copy_file_range(fh_in, 0, fh_out, 0, 100, 0)
+    assert e.value.errno == errno.EOPNOTSUPP and w.store.wcalls["copy"] == 0
+    await w.close(fh_out)
+    await w.fs.release(fh_in)

@@ -95,7 +95,7 @@ class FileSystem:
         self.deletes = DeleteQueue(store, settings)
         self.uploads = Uploads(store, cache, self.dirty, self.catalog, self.tree,
                                self.properties, self.deletes, settings)
-        self.writes = Writes(self.table, self.handles, self.tree, self.listings,
+        self.writes = Writes(self.table, self.catalog, self.handles, self.tree, self.listings,
                              self.uploads, self.dirty, cache, store, settings)
         self.reads = Reads(self.table, self.handles, self.tree, self.uploads, self.dirty,
                            cache, store)
@@ -182,6 +182,10 @@ class FileSystem:
 
     async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
         await self.writes.fallocate(ino, fh, mode, offset, length)
+
+    async def copy_file_range(self, fh_in: int, off_in: int, fh_out: int, off_out: int,
+                              length: int, flags: int) -> int:
+        return await self.writes.copy_file_range(fh_in, off_in, fh_out, off_out, length, flags)
 
     async def unlink(self, parent_ino: int, name: str) -> None:
         await self.namespace.unlink(parent_ino, name)

@@ -327,6 +327,20 @@ class Uploads:
         self.tree.local_put(bucket, key, {"key": key, "size": info["size"],
                                           "mtime": info["mtime"], "etag": info["etag"]}, tags)
 
+    async def copy_into(self, entry: CacheEntry, src_bucket: str, src_key: str,
+                        tags: dict) -> dict:
+        """The object ``src_bucket/src_key`` copied server-side to ``entry``'s key with
+        ``tags`` (a copy inside the mount); the new object's HEAD. Raises FsError."""
+        bucket, key = entry.bucket, entry.key
+        try:
+            await self.deletes.settle(bucket, key)  # eager: a queued DELETE of it goes first
+            info = await self.store.copy(bucket, key, src_bucket, src_key)
+            await self.store.put_tags(bucket, key, tags)
+        except StoreError as exc:
+            raise store_failure(exc, "copying", src_bucket, src_key) from exc
+        self.count += 1
+        return info
+
     async def keep_source(self, entry: CacheEntry, what: str) -> None:
         """The object a sparse dirty entry takes its missing bytes from is about to be
         deleted or replaced (a rename, an unlink while open, an overwrite): fetch them

@@ -23,6 +23,7 @@ from ..cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_only, store_failure
 from .handles import FileHandle, Handles
 from .inodes import File, InodeTable, Node, key_for, writable_dir
+from .properties import final_tags
 from .tree import Tree
 from .uploads import Uploads
 from .views import Views
@@ -39,9 +40,10 @@ ZEROS_AT_ONCE = 1 << 20  # a punched hole or zeroed range is written in pieces t
 class Writes:
     """create, write, flush, fsync and truncate of dirty files."""
 
-    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, views: Views,
+    def __init__(self, table: InodeTable, catalog, handles: Handles, tree: Tree, views: Views,
                  uploads: Uploads, dirty, cache, store, settings):
         self.table = table
+        self.catalog = catalog
         self.handles = handles
         self.tree = tree
         self.views = views
@@ -184,6 +186,53 @@ class Writes:
         for at in range(offset, stop, ZEROS_AT_ONCE):
             n = min(ZEROS_AT_ONCE, stop - at)
             await self.write(fh, at, bytes(n))
+
+    async def copy_file_range(self, fh_in: int, off_in: int, fh_out: int, off_out: int,
+                              length: int, flags: int) -> int:
+        """copy_file_range(2) (``cp``): a whole object copied to offset 0 of a new, empty
+        file is a server-side copy (the destination's tags as a new file of its view gets),
+        and the descriptor writes that object from then on; anything else is EOPNOTSUPP,
+        and the kernel copies by read and write. The bytes copied."""
+        h_in, h_out = self.handles.files.get(fh_in), self.handles.files.get(fh_out)
+        if h_in is None or h_out is None or not h_out.writer:
+            raise FsError(errno.EBADF)
+        src, dst, out = h_in.node, h_out.node, h_out.entry
+        vs_in, vs_out = src.parent.view, dst.parent.view
+        source = self.cache.get(vs_in.bucket, src.key)
+        if not (off_in == 0 and off_out == 0 and not flags and length >= src.size > 0
+                and src.etag and not src.gone and not dst.gone and out.dirty and out.size == 0
+                and out.meta.get("base") == "" and self.cache.get(out.bucket, out.key) is out
+                and not (source is not None and source.dirty)):
+            raise FsError(errno.EOPNOTSUPP, "not a whole object into a new file")
+        tags = final_tags(out, vs_out, None)
+        if not self.catalog.can_match(vs_out, out.key, src.size, tags):
+            raise FsError(errno.EOPNOTSUPP, "a scratch file: copied locally")
+        started = time.time()
+        async with self.uploads.entry_lock(out):
+            if not out.dirty or out.size or self.cache.get(out.bucket, out.key) is not out:
+                raise FsError(errno.EOPNOTSUPP, "written meanwhile")
+            info = await self.uploads.copy_into(out, vs_in.bucket, src.key, tags)
+            self.uploads.unschedule(out)
+            self.dirty.discard(out)  # its empty local file is void
+            try:  # the descriptor writes the copied object now: nothing of it is local yet
+                entry = self.dirty.take(out.bucket, out.key, view=vs_out.name,
+                                        base=info["etag"], truncate=False, size=info["size"])
+                self.dirty.uploaded(entry, info["etag"])
+                fd = os.open(entry.path, os.O_RDWR)
+            except (StoreError, OSError) as exc:
+                raise FsError(errno.EIO, f"{out.bucket}/{out.key}: copied, but its cache "
+                              f"file: {exc}") from exc
+            os.close(h_out.fd)
+            self.dirty.drop_writer(out)
+            self.cache.release(out)
+            self.dirty.add_writer(entry)
+            h_out.fd, h_out.entry = fd, entry
+        dst.size, dst.etag, dst.mtime_ns = info["size"], info["etag"], time.time_ns()
+        self.tree.unserve(dst.ino)
+        self.tree.local_put(out.bucket, out.key, {"key": out.key, "size": info["size"],
+                                                  "mtime": info["mtime"], "etag": info["etag"]},
+                            tags, quiet=vs_out, since=started)
+        return info["size"]
 
     def _write_orphan(self, h: FileHandle, off: int, data: bytes) -> int:
         """A write to a file unlinked (or replaced by a rename) while open: the file lives
