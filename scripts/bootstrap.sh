@@ -8,9 +8,11 @@
 #      is; otherwise Go's own toolchain module (golang.org/toolchain, through the Go module
 #      proxy, checksum-verified by the installed go) into $GO_DIR;
 #   3. a pinned MinIO server built with `go install` into $DELVEFS_BIN (outside the repo);
-#   4. .venv/ with the project installed editable (C extension compiled) plus test extras,
-#      re-installed only when pyproject.toml or native/ changed (plyvel's wheel carries
-#      LevelDB: no LevelDB headers are needed);
+#   4. .venv/ with pyfuse3 built from its pinned sdist with the fallocate and
+#      copy_file_range handlers of contrib/pyfuse3 (first, so that the project's
+#      `pyfuse3>=3.3` finds it installed), then the project installed editable (C extension
+#      compiled) plus test extras, re-installed only when pyproject.toml or native/ changed
+#      (plyvel's wheel carries LevelDB: no LevelDB headers are needed);
 #   5. as root: the fstab helper /sbin/mount.fuse.delvefs (docs/CONFIGURATION.md).
 # Every step is skipped when already done, so `make test` stays cheap on a warm machine.
 set -euo pipefail
@@ -98,6 +100,7 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   "$PYTHON" -m venv .venv
 fi
+contrib/pyfuse3/install.sh .venv/bin/python  # does nothing when this build is installed
 want=$(cat pyproject.toml native/*.c native/*.h 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ "$(cat .venv/.delvefs-installed 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c "import rulesets._native" 2>/dev/null; then
   log "installing the project into .venv (editable, C extension, test extras)"

@@ -8,6 +8,9 @@ escapes a handler: an unexpected one is logged with its traceback and answered w
 Kernel caches: entries and attributes are cached for the view's ``ttl``; a name missing
 from a fresh listing is answered with a *negative entry* (inode 0) cached as long. In eager
 mode the kernel's writeback cache is on (see ``Adapter.__init__``).
+fallocate and copy_file_range reach the mount only through pyfuse3 built with
+contrib/pyfuse3's patch (scripts/bootstrap.sh installs it; ``POSIX_OPS`` tells); with
+PyPI's pyfuse3 the kernel refuses fallocate(2) and copies by read and write.
 ``Notifier`` delivers the core's invalidations (``invalidate_entry`` /
 ``invalidate_inode``) from its own task, one worker thread at a time: they must never
 run inside a request handler, which may hold the very inode lock they wait for.
@@ -31,6 +34,9 @@ log = logging.getLogger(__name__)
 
 # `delvefs mount --debug` (log level debug): one log line per FUSE request; set by ``mount``
 trace_requests = False
+
+# pyfuse3 delivers fallocate and copy_file_range (contrib/pyfuse3)
+POSIX_OPS = all(hasattr(pyfuse3.Operations, op) for op in ("fallocate", "copy_file_range"))
 
 
 def _guard(fn):
@@ -208,6 +214,23 @@ class Adapter(pyfuse3.Operations):
         return await self.core.write(fh, off, buf)
 
     @_guard
+    async def fallocate(self, inode, fh, mode, offset, length):
+        # The core answers EOPNOTSUPP for a mode it does not support; ENOSYS (the kernel
+        # stops asking for the mount) while it has no fallocate at all, as without the patch
+        if not hasattr(self.core, "fallocate"):
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        await self.core.fallocate(inode, fh, mode, offset, length)
+
+    @_guard
+    async def copy_file_range(self, inode_in, fh_in, off_in, inode_out, fh_out, off_out,
+                              length, flags):
+        # Returns the bytes copied. EOPNOTSUPP (or EXDEV) from the core: the kernel copies
+        # this range itself by read and write (cp never sees it); ENOSYS as for fallocate
+        if not hasattr(self.core, "copy_file_range"):
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        return await self.core.copy_file_range(fh_in, off_in, fh_out, off_out, length, flags)
+
+    @_guard
     async def unlink(self, parent_inode, name, ctx):
         await self.core.unlink(parent_inode, os.fsdecode(name))
 
@@ -300,6 +323,9 @@ def mount(adapter: Adapter, mountpoint: str, options: set[str]) -> None:
     """Mount (synchronously): afterwards the kernel queues requests until ``serve``."""
     global trace_requests
     trace_requests = log.isEnabledFor(logging.DEBUG)
+    if not POSIX_OPS:
+        log.info("pyfuse3 without fallocate and copy_file_range (contrib/pyfuse3): "
+                 "fallocate(2) is refused, copies pass through the mount")
     pyfuse3.init(adapter, mountpoint, options)
 
 

@@ -15,18 +15,22 @@ CONTENT = b"hello from a kernel FUSE mount\n"
 NAME = b"hello.txt"
 
 
+def attributes(inode: int, mode: int, size: int) -> pyfuse3.EntryAttributes:
+    attr = pyfuse3.EntryAttributes()
+    attr.st_ino = inode
+    attr.st_uid, attr.st_gid = os.getuid(), os.getgid()
+    attr.st_mode, attr.st_size = mode, size
+    attr.st_blocks = (size + 511) // 512  # no blocks would look like a sparse file to cp
+    return attr
+
+
 class Hello(pyfuse3.Operations):
     async def getattr(self, inode, ctx=None):
-        attr = pyfuse3.EntryAttributes()
-        attr.st_ino = inode
-        attr.st_uid, attr.st_gid = os.getuid(), os.getgid()
         if inode == pyfuse3.ROOT_INODE:
-            attr.st_mode, attr.st_size = stat.S_IFDIR | 0o755, 0
-        elif inode == pyfuse3.ROOT_INODE + 1:
-            attr.st_mode, attr.st_size = stat.S_IFREG | 0o444, len(CONTENT)
-        else:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        return attr
+            return attributes(inode, stat.S_IFDIR | 0o755, 0)
+        if inode == pyfuse3.ROOT_INODE + 1:
+            return attributes(inode, stat.S_IFREG | 0o444, len(CONTENT))
+        raise pyfuse3.FUSEError(errno.ENOENT)
 
     async def lookup(self, parent_inode, name, ctx=None):
         if parent_inode != pyfuse3.ROOT_INODE or name != NAME:
@@ -47,12 +51,17 @@ class Hello(pyfuse3.Operations):
         return CONTENT[off:off + size]
 
 
-def main():
-    pyfuse3.init(Hello(), sys.argv[1], {"fsname=delvefs-hello"})
+def serve(operations: pyfuse3.Operations, mountpoint: str, fsname: str) -> None:
+    """Mount ``operations`` at ``mountpoint`` and answer requests until unmounted."""
+    pyfuse3.init(operations, mountpoint, {f"fsname={fsname}"})
     try:
         trio.run(pyfuse3.main)
     finally:
         pyfuse3.close(unmount=True)
+
+
+def main():
+    serve(Hello(), sys.argv[1], "delvefs-hello")
 
 
 if __name__ == "__main__":
