@@ -2,8 +2,10 @@
 (strict and eager; real MinIO, RabbitMQ, handler and FUSE)."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import subprocess
 
 import pytest
 
@@ -139,3 +141,51 @@ def test_a_descriptor_keeps_the_version_it_read_over_an_outside_overwrite(
         assert os.pread(fd, 1 << 20, 0) == b"o" * 2367   # the descriptor keeps its version
     finally:
         os.close(fd)
+
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
+
+
+def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if libc.fallocate(fd, mode, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def test_fallocate_modes_and_zeros_in_s3(mounts, s3, bucket, mode):
+    mp = mounts.mount(data_views(bucket), *mode)
+    path = mp / "data/alloc.bin"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        os.write(fd, b"abcdefgh")
+        fallocate(fd, 0, 0, 12)                                      # extends with zeros
+        fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 100)                    # changes nothing
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 1, 2)
+        fallocate(fd, FALLOC_FL_ZERO_RANGE, 14, 2)                     # extends to 16
+        assert os.fstat(fd).st_size == 16
+        with pytest.raises(OSError) as e:
+            fallocate(fd, 0x08, 0, 4)                                  # COLLAPSE_RANGE
+        assert e.value.errno == errno.EOPNOTSUPP
+    finally:
+        os.close(fd)
+    expected = b"a\0\0defgh" + b"\0" * 8
+    assert path.read_bytes() == expected
+    sync(mounts, mp)
+    assert get(s3, bucket, "data/alloc.bin") == expected
+
+
+def test_cp_inside_a_view_is_a_server_side_copy(mounts, s3, bucket, mode):
+    mp = mounts.mount(data_views(bucket), *mode)
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    put(s3, bucket, "data/big.bin", data)
+    wait_until(lambda: (mp / "data/big.bin").exists(), CHANGE_TIMEOUT, "the object shows")
+    r = subprocess.run(["cp", str(mp / "data/big.bin"), str(mp / "data/copy.bin")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (mp / "data/copy.bin").read_bytes() == data
+    sync(mounts, mp)
+    assert get(s3, bucket, "data/copy.bin") == data
+    log = (mounts.tmp / f"cache-{mounts.count}" / "mount.log").read_text()
+    assert "data/copy.bin server-side: 3145733 bytes" in log      # no byte through the mount

@@ -227,6 +227,8 @@ class Writes:
             self.cache.release(out)
             self.dirty.add_writer(entry)
             h_out.fd, h_out.entry = fd, entry
+        log.info("copied %s/%s to %s/%s server-side: %d bytes", vs_in.bucket, src.key,
+                 out.bucket, out.key, info["size"])
         dst.size, dst.etag, dst.mtime_ns = info["size"], info["etag"], time.time_ns()
         self.tree.unserve(dst.ino)
         self.tree.local_put(out.bucket, out.key, {"key": out.key, "size": info["size"],
