@@ -158,6 +158,24 @@ def big_write(client, dirs: dict[str, Path], work: Path, src: Path, res: dict, p
         assert head["ContentLength"] == src.stat().st_size
 
 
+def big_copy(client, dirs: dict[str, Path], res: dict, parts) -> None:
+    """``cp`` of the big file inside each mount vs one server-side CopyObject (boto3)."""
+    if "boto3" in parts:
+        t = time.perf_counter()
+        client.copy_object(Bucket=BUCKET, Key="boto3/big-copy.bin",
+                           CopySource={"Bucket": BUCKET, "Key": "boto3/big.bin"})
+        res["boto3_copy_s"] = time.perf_counter() - t
+        log(f"boto3: copy_object {res['boto3_copy_s']:.2f} s")
+    for name, d in dirs.items():
+        t = time.perf_counter()
+        subprocess.run(["cp", str(d / "big.bin"), str(d / "big-copy.bin")], check=True)
+        res[f"{name}_cp_s"] = time.perf_counter() - t
+        log(f"{name}: cp {res[f'{name}_cp_s']:.2f} s")
+    if "delvefs" in dirs:
+        head = client.head_object(Bucket=BUCKET, Key="delve/big-copy.bin")
+        assert head["ContentLength"] == (dirs["delvefs"] / "big.bin").stat().st_size
+
+
 def table(res: dict) -> str:
     mib = res["big_mib"]
     rows = []
@@ -177,6 +195,8 @@ def table(res: dict) -> str:
     thr = {k: (mib / res[k] if res.get(k) else None) for k in ("boto3_write_upload_s", "delvefs_dd_s", "s3fs_dd_s")}
     row(f"dd {mib} MiB bs=1M + close", thr["boto3_write_upload_s"], 0.8, thr["delvefs_dd_s"],
         thr["s3fs_dd_s"], "MiB/s")
+    row(f"cp {mib} MiB inside the mount (reference: one CopyObject)", res.get("boto3_copy_s"), 0.9,
+        res.get("delvefs_cp_s"), res.get("s3fs_cp_s"), "s", higher_better=False)
     head = ("| operation | reference (boto3) | DelveFS | s3fs | DelveFS / reference (target) | DelveFS / s3fs |\n"
             "|---|---|---|---|---|---|")
     return head + "\n" + "\n".join(rows)
@@ -223,6 +243,7 @@ def main(argv=None) -> int:
                 time.sleep(2)
                 small_ops(client if "boto3" in parts else None, dirs, args.files, args.rounds, res)
                 big_write(client, dirs, work, src, res, parts)
+                big_copy(client, dirs, res, parts)
         finally:
             handler.close()
             clear_bucket(client)

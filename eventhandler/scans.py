@@ -73,7 +73,9 @@ def progress_text(bucket: str, p: dict) -> str:
             f"({p['rate']:.0f}/s{left})")
 
 
-SCAN_LOG_INTERVAL = float(os.environ.get("DELVEFS_SCAN_LOG_INTERVAL", "5"))
+def scan_log_interval(env=os.environ) -> float:
+    """Seconds between a listing's progress lines (``DELVEFS_SCAN_LOG_INTERVAL``, default 5)."""
+    return float(env.get("DELVEFS_SCAN_LOG_INTERVAL") or 5)
 
 
 class Scanner:
@@ -137,6 +139,7 @@ class Scanner:
         # the store's clock before the listing starts: objects modified earlier and not listed
         # are gone (the Date header has whole seconds: floor, so the bound is safe)
         cutoff = _http_date_ns(self.s3.store_date(bucket))
+        log_interval = scan_log_interval()
         for contents, _date in self.s3.list_pages(bucket):
             if self._stop.is_set():
                 return counts, False
@@ -148,7 +151,7 @@ class Scanner:
             progress.listed = counts["listed"]
             if initial:  # progress, for the 503 "scanning" answers meanwhile
                 self.buckets[bucket].scan_listed = counts["listed"]
-            if time.monotonic() - progress.logged >= SCAN_LOG_INTERVAL:
+            if time.monotonic() - progress.logged >= log_interval:
                 progress.logged = time.monotonic()
                 log.info("%s", progress_text(bucket, progress.report()))
             self.metrics.scanned.inc(len(listed))

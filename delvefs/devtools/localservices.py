@@ -29,7 +29,9 @@ from pathlib import Path
 
 from ..shared.config import DEFAULT_EXCHANGE
 
-MINIO_BIN_DIR = Path(os.environ.get("DELVEFS_BIN", Path.home() / ".cache/delvefs/bin"))
+def minio_bin_dir() -> Path:
+    """Where the bootstrap installed MinIO (``DELVEFS_BIN``, default ~/.cache/delvefs/bin)."""
+    return Path(os.environ.get("DELVEFS_BIN") or Path.home() / ".cache/delvefs/bin")
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 ACCESS_KEY = "delvefs-admin"
 SECRET_KEY = "delvefs-secret-key"
@@ -237,7 +239,7 @@ class MinIO(_ServiceProcess):
         }
 
     def start(self, timeout: float = 60) -> "MinIO":
-        binary = MINIO_BIN_DIR / "minio"
+        binary = minio_bin_dir() / "minio"
         if not binary.exists():
             raise ServiceError(f"{binary} missing: run scripts/bootstrap.sh (builds the pinned MinIO)")
         self.data_dir.mkdir(parents=True, exist_ok=True)
