@@ -18,7 +18,7 @@ class RecordingCore(SimpleNamespace):
     """Only what the adapter needs for these two requests."""
 
     def __init__(self, answer=None):
-        super().__init__(eager=False, calls=[])
+        super().__init__(writeback_cache=False, calls=[])
         self.answer = answer
 
     async def fallocate(self, ino, fh, mode, offset, length):
