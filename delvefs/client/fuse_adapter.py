@@ -215,19 +215,15 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def fallocate(self, inode, fh, mode, offset, length):
-        # The core answers EOPNOTSUPP for a mode it does not support; ENOSYS (the kernel
-        # stops asking for the mount) while it has no fallocate at all, as without the patch
-        if not hasattr(self.core, "fallocate"):
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+        # EOPNOTSUPP for a mode the core does not support reaches the caller; the kernel
+        # asks again next time (ENOSYS would make it refuse every later fallocate)
         await self.core.fallocate(inode, fh, mode, offset, length)
 
     @_guard
     async def copy_file_range(self, inode_in, fh_in, off_in, inode_out, fh_out, off_out,
                               length, flags):
-        # Returns the bytes copied. EOPNOTSUPP (or EXDEV) from the core: the kernel copies
-        # this range itself by read and write (cp never sees it); ENOSYS as for fallocate
-        if not hasattr(self.core, "copy_file_range"):
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+        # Returns the bytes copied. EOPNOTSUPP from the core: the kernel copies this range
+        # itself by read and write (cp never sees it)
         return await self.core.copy_file_range(fh_in, off_in, fh_out, off_out, length, flags)
 
     @_guard

@@ -55,12 +55,3 @@ def test_the_cores_refusal_becomes_its_errno(err):
     with pytest.raises(pyfuse3.FUSEError) as raised:
         trio.run(adapter.fallocate, 7, 1001, 0, 0, 10)
     assert raised.value.errno == err
-
-
-def test_a_core_without_them_answers_enosys():
-    adapter = Adapter(SimpleNamespace(writeback_cache=False))
-    for request, args in ((adapter.fallocate, (7, 1001, 0, 0, 10)),
-                          (adapter.copy_file_range, (7, 1001, 0, 8, 1002, 0, 10, 0))):
-        with pytest.raises(pyfuse3.FUSEError) as raised:
-            trio.run(request, *args)
-        assert raised.value.errno == errno.ENOSYS
