@@ -35,6 +35,10 @@ class DeleteQueue:
     def __bool__(self) -> bool:
         return bool(self.queued)
 
+    def each(self) -> list[tuple[tuple[str, str], dict]]:
+        """((bucket, key), {"since", "error", ...}) of each queued DELETE (status, sync)."""
+        return list(self.queued.items())
+
     def queue(self, bucket: str, key: str) -> None:
         """Eager unlink: the DELETE is sent by ``run`` in a DeleteObjects batch."""
         self.queued[(bucket, key)] = {"since": time.time(), "at": 0.0, "delay": 0.0,

@@ -450,7 +450,7 @@ class Uploads:
             state, error = self.upload_state(entry)
             out.append({"path": self._entry_path(entry), "state": state, "error": error,
                         "size": entry.size, "since": entry.meta.get("since") or time.time()})
-        for (bucket, key), d in self.deletes.queued.items():
+        for (bucket, key), d in self.deletes.each():
             out.append({"path": self.catalog.path_of(bucket, key),
                         "state": "failed" if d["error"] else "pending",
                         "error": d["error"] and f"DELETE: {d['error']}", "size": 0,
@@ -477,7 +477,7 @@ class Uploads:
                     nursery.start_soon(one, entry)
             if self.deletes:
                 nursery.start_soon(self.deletes.send_all)
-        for (bucket, key), d in self.deletes.queued.items():
+        for (bucket, key), d in self.deletes.each():
             failures.append(f"{bucket}/{key}: DELETE failed: {d['error']}")
         for entry in self.dirty.entries():
             state, reason = self.upload_state(entry)
