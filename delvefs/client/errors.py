@@ -30,7 +30,7 @@ the handler still scans the bucket: a view      EAGAIN      ``handler_failure``
 the handler unreachable, not answering in       EIO         ``handler_failure``
   time, or any other refusal: a view never
   listed, ``user.delvefs.sync``
-any handler failure, other operations on a      none: its   ``views.Views._fresh``
+any handler failure, other operations on a      none: its   ``views.Views.fresh``
   view listed before                            last        (stale)
                                                 listing
 a write to a read-only view                     EROFS       ``read_only``

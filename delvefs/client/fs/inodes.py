@@ -24,7 +24,7 @@ Lookup-count rules (the FUSE contract)
 * A node whose object changes in place (same key, new ETag) keeps its inode; the core
   asks the kernel to drop its cached attributes and pages (invalidate_inode). Under the
   kernel's writeback cache (eager mounts) a node the kernel holds is replaced by a new
-  one instead (``Tree._object_changed``): the kernel keeps a held inode's size.
+  one instead (``Tree.object_changed``): the kernel keeps a held inode's size.
 
 Readdir offsets
 ---------------

@@ -71,7 +71,7 @@ class Namespace:
             if entry is not None and entry.dirty and entry.opens:  # still read through a handle
                 await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
             if not local_only:
-                if self.eager:  # sent in a DeleteObjects batch (run_deletes)
+                if self.eager:  # sent in a DeleteObjects batch (deletes.py)
                     self.deletes.queue(bucket, key)
                 else:
                     try:
