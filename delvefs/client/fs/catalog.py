@@ -128,8 +128,9 @@ class ViewCatalog:
     def __iter__(self):
         return iter(self.views)
 
-    def of_bucket(self, bucket: str) -> list[ViewState]:
-        return [vs for vs in self.views if vs.bucket == bucket]
+    def of_bucket(self, bucket: str):
+        """The views of ``bucket`` (a generator: asked on every write that grows a file)."""
+        return (vs for vs in self.views if vs.bucket == bucket)
 
     def get(self, name: str | None) -> ViewState | None:
         """The view of that name (a retired one too, until its name is used again)."""

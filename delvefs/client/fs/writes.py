@@ -134,7 +134,7 @@ class Writes:
         if h is None or not h.writer:
             raise FsError(errno.EBADF)
         entry, node = h.entry, h.node
-        if node.gone or self.cache.get(entry.bucket, entry.key) is not entry:
+        if self._orphaned(h):
             return self._write_orphan(h, off, data)
         try:
             if not entry.dirty:  # uploaded by an fsync/flush, written again through this handle
@@ -252,6 +252,11 @@ class Writes:
         if h.node.gone:
             h.node.size, h.node.mtime_ns = size, time.time_ns()
 
+    def _orphaned(self, h: FileHandle) -> bool:
+        """The handle's file was unlinked (or replaced by a rename) while open."""
+        e = h.entry
+        return h.node.gone or self.cache.get(e.bucket, e.key) is not e
+
     def _live(self, h: FileHandle) -> bool:
         """The handle's entry is still the file of a key (not unlinked, not replaced)."""
         e = h.entry
@@ -301,8 +306,7 @@ class Writes:
         if node.is_dir:
             raise FsError(errno.EISDIR)
         h = self.handles.files.get(fh) if fh is not None else None
-        if h is not None and h.writer and h.node is node and (
-                node.gone or self.cache.get(h.entry.bucket, h.entry.key) is not h.entry):
+        if h is not None and h.writer and h.node is node and self._orphaned(h):
             try:  # ftruncate(2) of a file unlinked while open
                 os.ftruncate(h.fd, size)
             except OSError as exc:
