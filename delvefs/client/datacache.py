@@ -531,6 +531,22 @@ class DataCache:
         self.bound.recount(entry, entry.size if entry.dirty or entry.present is None
                            else entry.present.total)
 
+    async def current(self, store, bucket: str, key: str, *, etag: str, ttl: float) -> dict | None:
+        """Whether ``etag`` is still ``bucket/key``'s version: None when the cached copy of
+        it was validated within ``ttl`` (trusted) or S3 says so (the copy is then validated
+        again), else S3's HEAD answer. Raises StoreError."""
+        entry = self.entries.get((bucket, key))
+        now = trio.current_time()
+        if entry is not None and entry.etag == etag and (entry.dirty or now - entry.validated < ttl):
+            return None
+        info = await self._head(store, bucket, key)
+        if info["etag"] != etag:
+            return info
+        entry = self.entries.get((bucket, key))
+        if entry is not None and entry.etag == etag:
+            entry.validated = trio.current_time()
+        return None
+
     def validated(self, entry: CacheEntry, etag: str) -> None:
         """The entry's content is object version ``etag`` in S3 now (it was uploaded): a
         clean entry whose blocks may be evicted and fetched again from that version."""

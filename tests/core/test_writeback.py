@@ -109,3 +109,32 @@ async def test_a_change_of_the_same_size_keeps_the_inode_and_drops_its_pages(
     mock_clock.jump(3)
     assert (await w.path("v/a")) is a and a.ino in w.notifier.inodes
     assert await w.read("v/a") == b"BBBB"
+
+
+@pytest.mark.parametrize("writeback_cache", [False, True])
+async def test_a_second_reader_of_an_inode_reads_the_version_the_first_one_reads(
+        make_world, mock_clock, writeback_cache):
+    # S3 changed behind the listing: a second open of the inode the first reader holds must
+    # not bring the new version's bytes into that inode's pages (the kernel serves the
+    # first descriptor from them too); the name shows the new version on another inode
+    w = make_world(view("v", ttl=1), writeback_cache=writeback_cache)
+    w.add("v", "data/a", b"old")
+    await w.start()
+    a = await w.path("v/a")
+    first, _ = await w.fs.open(a.ino, 0)
+    assert await w.fs.read(first, 0, 100) == b"old"
+    w.store.put("b", "data/a", b"new content")     # the handler has not reported it yet
+    mock_clock.jump(2)                             # past the ttl: the next fetch asks S3
+    with pytest.raises(FsError) as e:             # S3 is asked: the name moves to a new inode
+        await w.fs.open(a.ino, 0)
+    assert e.value.errno == errno.ESTALE
+    b = await w.path("v/a")                        # the kernel's second lookup
+    assert b.ino != a.ino
+    third, _ = await w.fs.open(b.ino, 0)
+    assert await w.fs.read(third, 0, 100) == b"new content"
+    assert await w.fs.read(first, 0, 100) == b"old"
+    second, _ = await w.fs.open(a.ino, 0)         # the old inode again (a descriptor of it
+    assert await w.fs.read(second, 0, 100) == b"old"  # forked, say): its version
+    await w.fs.release(first)
+    await w.fs.release(second)
+    await w.fs.release(third)

@@ -74,6 +74,14 @@ class Handles:
         return any(not h.writer and h.node is node and h is not besides
                    for h in self.files.values())
 
+    def reader_of_version(self, node: File) -> FileHandle | None:
+        """A reading handle of ``node`` whose entry is the node's version (clean), if any."""
+        for h in self.files.values():
+            if not h.writer and h.node is node and h.fd is not None and h.entry is not None \
+                    and not h.entry.dirty and h.entry.etag == node.etag:
+                return h
+        return None
+
     def close_all(self) -> None:
         for fh in list(self.files):
             h = self.files.pop(fh)

@@ -18,10 +18,11 @@ an inode when the ETag it was served is still the node's.
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from ..cacheentry import CacheEntry
-from ..errors import StoreError, cache_failure, read_failed, store_failure
+from ..errors import FsError, StoreError, cache_failure, read_failed, store_failure
 from .handles import FileHandle, Handles
 from .inodes import InodeTable
 from .tree import Tree
@@ -41,9 +42,31 @@ class Reads:
         self.cache = cache
         self.store = store
 
-    def open(self, node) -> tuple[int, bool]:
+    async def open(self, node) -> tuple[int, bool]:
         """A reading handle of ``node`` and whether the kernel may keep pages it cached for
-        this inode."""
+        this inode. The kernel keeps one page cache per inode, so every handle of an inode
+        reads one version (``_ready``); when another handle already reads this one and S3
+        has a newer version than it, the name moves to a new inode and the open fails
+        ESTALE: the kernel then looks the name up again and opens the new inode."""
+        if not node.gone and self.handles.reading(node):  # (a gone inode has no name to look up)
+            vs = node.parent.view
+            holder = self.handles.reader_of_version(node)
+            # a version whose every byte is here is trusted within ttl; one that lacks some
+            # is asked (a byte of it gone from S3 would be EIO for this handle)
+            whole = holder is not None and (holder.entry.present is None or holder.entry.present.covers(
+                0, min(holder.entry.size, holder.entry.source_len)))
+            try:
+                info = await self.cache.current(self.store, vs.bucket, node.key, etag=node.etag,
+                                                ttl=vs.ttl if whole else 0.0)
+            except StoreError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise store_failure(exc, "opening", vs.bucket, node.key) from exc
+                info = None  # deleted: the other readers' version is all there is
+            if info is not None:
+                self.tree.object_changed(node, info["size"],
+                                         int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
+                                         info["etag"])
+                raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
         fh = self.handles.add_file(FileHandle(node))
         return fh, self.tree.serves(node.ino, node.etag)
 
@@ -52,6 +75,17 @@ class Reads:
             if h.fd is not None:
                 return h.fd
             node = h.node
+            other = self.handles.reader_of_version(node)
+            if other is not None:
+                # one version per inode (``open``): the pages this handle's reads bring in
+                # are the other handle's pages too
+                try:
+                    h.fd = os.dup(other.fd)
+                except OSError as exc:
+                    raise cache_failure(exc, "opening", other.entry) from exc
+                self.cache.hold(other.entry)
+                h.entry = other.entry
+                return h.fd
             vs = node.parent.view
             try:
                 entry, info = await self.cache.fetch(self.store, vs.bucket, node.key, etag=node.etag,
