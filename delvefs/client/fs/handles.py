@@ -19,7 +19,7 @@ from .inodes import Dir, File
 
 class FileHandle:
     __slots__ = ("node", "entry", "fd", "lock", "writer", "next_off", "window", "ahead",
-                 "fetches")
+                 "fetches", "copied")
 
     def __init__(self, node: File, writer: bool = False):
         self.node = node
@@ -31,6 +31,7 @@ class FileHandle:
         self.window = 0       # read-ahead window (0: none yet)
         self.ahead = 0        # bytes before it are fetched or being fetched
         self.fetches: list = []  # the read-ahead's fetches (cancelled at close)
+        self.copied = None    # (source handle number, the version written) after a server-side copy
 
 
 class DirHandle:
