@@ -27,7 +27,6 @@ import concurrent.futures
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
