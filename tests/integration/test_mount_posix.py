@@ -170,6 +170,24 @@ def test_an_open_beside_a_reader_that_finds_s3_ahead_reads_the_new_version(
         os.close(fd)
 
 
+def test_a_file_renamed_while_written_after_an_fsync_keeps_every_write(
+        mounts, s3, bucket, mode):
+    # its rename copies exactly the version the fsync uploaded (CopySourceIfMatch), and the
+    # descriptor writes on under the new name
+    mp = mounts.mount(data_views(bucket), *mode)
+    fd = os.open(mp / "data/written.bin", os.O_CREAT | os.O_RDWR)
+    try:
+        os.write(fd, b"0123456789")
+        os.fsync(fd)
+        os.rename(mp / "data/written.bin", mp / "data/moved.bin")
+        os.pwrite(fd, b"XY", 2)
+    finally:
+        os.close(fd)
+    sync(mounts, mp)
+    assert get(s3, bucket, "data/moved.bin") == b"01XY456789"
+    assert "data/written.bin" not in keys(s3, bucket)
+
+
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
 
 
