@@ -107,6 +107,14 @@ def fit_name(escaped: str, text: str) -> str:
     return cut + _LONG_MARK + digest
 
 
+def uncut(name: str, known: Mapping[str, str] | None, what: str) -> str:
+    """What the cut name ``name`` was made from, found in ``known`` (the names the mount
+    made); ValueError when it is not there (``what``: "key" or "value", for the message)."""
+    if known is not None and name in known:
+        return known[name]
+    raise ValueError(f"{name!r} stands for a long {what} this mount has not seen")
+
+
 def _escape(text: str) -> str:
     return text.replace("%", "%25").replace("/", "%2F")
 
@@ -124,9 +132,7 @@ def flat_key(name: str, known: Mapping[str, str] | None = None) -> str:
     """Inverse of flat_name. A cut long name is found in ``known`` (name -> key suffix);
     ValueError when it is not there."""
     if _LONG_MARK in name:
-        if known is not None and name in known:
-            return known[name]
-        raise ValueError(f"{name!r} stands for a long key this mount has not seen")
+        return uncut(name, known, "key")
     out = []
     i = 0
     while i < len(name):
@@ -157,9 +163,7 @@ def dir_value(name: str, known: Mapping[str, str] | None = None) -> str | None:
     if name == UNSET_DIR:
         return None
     if _LONG_MARK in name:
-        if known is not None and name in known:
-            return known[name]
-        raise ValueError(f"{name!r} stands for a long value this mount has not seen")
+        return uncut(name, known, "value")
     value = {"%": "", "%2E": ".", "%2E%2E": "..", "%5F" + UNSET_DIR[1:]: UNSET_DIR}.get(name)
     if value is None:
         value = flat_key(name.replace("%2E", "%252E"))  # only %25 and %2F inside a value
@@ -235,6 +239,14 @@ def unshowable(rel: str, flat: bool) -> str | None:
             return f"a {seg!r} segment"
         if not valid_segment(seg):
             return f"a segment longer than {NAME_MAX} bytes"
+    return None
+
+
+def unshowable_values(values) -> str | None:
+    """Why an object whose property values (a layout by properties) are ``values`` has no
+    directory there, or None: a value's name is escaped and cut, but holds no NUL byte."""
+    if any(v is not None and "\0" in v for v in values):
+        return "a NUL byte in a property value (no directory name holds one)"
     return None
 
 

@@ -38,7 +38,7 @@ from ..errors import FsError
 from .catalog import EARLIER_KEPT, Pending, ViewCatalog, ViewState, local_pending
 from .handles import Handles
 from .inodes import (ROOT_INODE, Dir, File, InodeTable, Node, dir_value, is_cut, key_path,
-                     layout_values, unshowable, value_dir)
+                     layout_values, unshowable, unshowable_values, value_dir)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Tree:
             vs.long_names[rel] = key[len(vs.root):]
         if vs.by is not None:
             values = vs.values.get(key)
-            if values is None or any(v is not None and "\0" in v for v in values):
+            if values is None or unshowable_values(values) is not None:
                 return None
             return [self._value_dir(vs, v) for v in values], rel
         if vs.flat:
@@ -117,9 +117,7 @@ class Tree:
             return
         reason = unshowable(key[len(vs.root):], vs.flat)
         if reason is None and vs.by is not None:
-            values = vs.values.get(key) or ()
-            if any(v is not None and "\0" in v for v in values):
-                reason = "a NUL byte in a property value (no directory name holds one)"
+            reason = unshowable_values(vs.values.get(key) or ())
         if reason is None:  # outside the root, a folder marker, values not known yet
             return
         vs.unshown[key] = reason
@@ -313,7 +311,7 @@ class Tree:
 
     def _value_dir(self, vs: ViewState, value: str | None) -> str:
         name = value_dir(value)
-        if "%~" in name:  # a cut long value (never in an escaped one): remember what it stands for
+        if is_cut(name):  # a cut long value: remember what it stands for
             vs.long_names[name] = value
         return name
 
