@@ -10,7 +10,8 @@ import time
 import pytest
 
 from delvefs.client.fs.inodes import NAME_MAX, flat_name, is_cut
-from eventhandler.devtools import Publisher
+from delvefs.shared.s3 import presigned_list_url
+from eventhandler.devtools import Publisher, spec
 
 from ..waiting import wait_until
 from .mounts import CHANGE_TIMEOUT, handler, listdir, mounts, put  # noqa: F401
@@ -28,7 +29,7 @@ def unshown(mounts, mp) -> dict:
     return {v["name"]: v["unshown"] for v in json.loads(r.stdout)["views"]}
 
 
-def test_a_nul_key_is_skipped_and_a_long_flat_name_is_cut(mounts, bucket, s3, services):
+def test_a_nul_key_is_skipped_and_a_long_flat_name_is_cut(mounts, handler, bucket, s3, services):
     put(s3, bucket, "data/" + LONG_REL, b"long")
     put(s3, bucket, "data/ok.txt", b"ok")
     mp = mounts.mount(f"""
@@ -54,6 +55,11 @@ def test_a_nul_key_is_skipped_and_a_long_flat_name_is_cut(mounts, bucket, s3, se
         pub.close()
     wait_until(lambda: unshown(mounts, mp) == {"tree": 1, "flat": 1}, CHANGE_TIMEOUT,
                "the key with a NUL byte reached the mount and was skipped")
+    # the handler lists the key as it is, also as a page's end (the next page's `after`)
+    r = handler.register({"all": spec(bucket, object="data/*")}, {bucket: presigned_list_url(s3, bucket)})
+    vid = r.json()["views"][0]["id"]
+    assert [[o["key"] for o in page["objects"]] for page in handler.pages(vid, limit=1)][:3] == [
+        ["data/nul\0tail.txt"], ["data/ok.txt"], ["data/" + LONG_REL]]
     assert listdir(mp / "tree") == ["ok.txt", "s" * 90]
     assert listdir(mp / "flat") == sorted(["ok.txt", cut])
     # the cut name reaches its key: lookup, read, the key's xattr, a write

@@ -219,6 +219,14 @@ def key_path(root: str, flat: bool, key: str) -> str | None:
     return flat_name(rel) if flat else rel
 
 
+# why a key has no name (a few shared texts: a view may hold many such keys)
+NUL_BYTE = "a NUL byte (no file name holds one)"
+EMPTY_SEGMENT = "an empty segment (// or a leading /)"
+DOT_SEGMENT = {".": "a '.' segment", "..": "a '..' segment"}
+LONG_SEGMENT = f"a segment longer than {NAME_MAX} bytes"
+NUL_VALUE = "a NUL byte in a property value (no directory name holds one)"
+
+
 def unshowable(rel: str, flat: bool) -> str | None:
     """Why the key whose part below its view's root is ``rel`` has no name in that view
     (tree or flat names), or None when it has one. One rule for every layout: no name
@@ -226,7 +234,7 @@ def unshowable(rel: str, flat: bool) -> str | None:
     or one longer than 255 bytes has none. (A flat name escapes "/" and whole "." / "..",
     and a long one is cut: every other key has one.)"""
     if "\0" in rel:
-        return "a NUL byte (no file name holds one)"
+        return NUL_BYTE
     if flat:
         return None
     parts = rel.split("/")
@@ -234,11 +242,11 @@ def unshowable(rel: str, flat: bool) -> str | None:
         parts.pop()
     for seg in parts:
         if seg == "":
-            return "an empty segment (// or a leading /)"
-        if seg in (".", ".."):
-            return f"a {seg!r} segment"
+            return EMPTY_SEGMENT
+        if seg in DOT_SEGMENT:
+            return DOT_SEGMENT[seg]
         if not valid_segment(seg):
-            return f"a segment longer than {NAME_MAX} bytes"
+            return LONG_SEGMENT
     return None
 
 
@@ -246,7 +254,7 @@ def unshowable_values(values) -> str | None:
     """Why an object whose property values (a layout by properties) are ``values`` has no
     directory there, or None: a value's name is escaped and cut, but holds no NUL byte."""
     if any(v is not None and "\0" in v for v in values):
-        return "a NUL byte in a property value (no directory name holds one)"
+        return NUL_VALUE
     return None
 
 
