@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..shared.config import handler_token
-from .fs.inodes import layout_values, relative_path, value_dir
+from .fs.inodes import layout_values, relative_path, unshowable_values, value_dir
 from .handler_api import HandlerError, HandlerUnavailable, Resync, SyncHandlerClient
 
 log = logging.getLogger("delvefs.client.watch")
@@ -100,8 +100,11 @@ class Watcher:
         """Print the paths of ``objects``: (key, its ``properties`` as the handler lists them
         for a layout by properties, else None)."""
         # Folder markers ("sub/") are directories, not files that appear.
+        # Keys the view does not show (docs/SEMANTICS.md, "Which keys are shown") print nothing.
+        by = self.view.layout_by
         paths = [(rel, props) for rel, props in ((relative_path(self.view, k), props) for k, props in objects)
-                 if rel and not rel.endswith("/")]
+                 if rel and not rel.endswith("/")
+                 and not (by and unshowable_values(layout_values(by, props or {})))]
         if not paths:
             return
         # Make the mount catch up to `version` so each printed path opens at once.
