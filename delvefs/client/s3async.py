@@ -90,9 +90,13 @@ class S3Store:
                 self._make()
             return fn(*(self._client if a is CLIENT else a for a in args), **kwargs)
         try:
-            return await trio.to_thread.run_sync(run, limiter=self.limiter)
+            result = await trio.to_thread.run_sync(run, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
-            raise store_error(exc, what) from exc
+            error = store_error(exc, what)
+            log.debug("S3 %s: %s", what, error)
+            raise error from exc
+        log.debug("S3 %s: done", what)
+        return result
 
     async def head(self, bucket: str, key: str) -> dict:
         return await self._call(f"HEAD {bucket}/{key}", s3.head_object, LEAN, bucket, key)
@@ -132,6 +136,7 @@ class S3Store:
         must not exist: If-None-Match: *) or None (unconditional). A failed condition
         raises :class:`Changed`. Returns ``{"etag", "size", "mtime"}``."""
         what = f"PUT {bucket}/{key}"
+        log.debug("S3 %s: %d bytes, based on %r", what, size, base)
         started = time.monotonic()
         async with self._uploads:
             if size < self.part_size:

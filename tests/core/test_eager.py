@@ -11,6 +11,8 @@ import trio
 
 from delvefs.client import datacache, journal
 from delvefs.client.errors import FsError
+from delvefs.client.fs.deletes import DeleteQueue
+from delvefs.client.settings import MountSettings
 
 from .conftest import view
 
@@ -330,6 +332,29 @@ async def test_eager_unlinks_are_one_delete_objects_batch(make_world):
     assert not any(k.startswith("data/d/") for _, k in w.store.objects)
 
 
+async def test_a_delete_queued_again_while_its_batch_is_under_way_is_still_owed():
+    # the key is unlinked, its batch sent; meanwhile it is uploaded and unlinked again: the
+    # answer to the first batch must not drop the second DELETE
+    gate, sending, sent = trio.Event(), trio.Event(), []
+
+    class Store:
+        async def delete_many(self, bucket, keys):
+            sent.append(list(keys))
+            sending.set()
+            await gate.wait()
+            return {}
+    q = DeleteQueue(Store(), MountSettings.defaults())
+    q.queue("b", "data/f")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(q.send)
+        await sending.wait()
+        q.queue("b", "data/f")                     # again, while the first is under way
+        gate.set()
+    assert q.queued and list(q.queued) == [("b", "data/f")]
+    await q.send()
+    assert not q.queued and sent == [["data/f"], ["data/f"]]
+
+
 async def test_eager_coalesces_renames_and_deletes_of_files_not_uploaded_yet(make_world):
     w = await eager_world(make_world)
     top = await w.path("v")
@@ -437,6 +462,27 @@ async def test_a_rename_onto_a_name_whose_delete_is_queued_sends_the_delete_firs
         await settle(w)
         nursery.cancel_scope.cancel()
     assert w.obj("v", "data/b")["data"] == b"moved" and w.obj("v", "data/a") is None
+
+
+async def test_a_dirty_file_renamed_onto_one_uploaded_while_open_is_based_on_that_upload(make_world):
+    # f is uploaded by an fsync while still open and written after it (still dirty, its
+    # node not yet showing the upload); g, never uploaded, then replaces it: g's upload is
+    # based on the version f's fsync left in S3, not on "nothing there"
+    w = await eager_world(make_world)
+    fh, _ = await w.open_write("v/f")
+    await w.fs.write(fh, 0, b"one")
+    await w.fs.fsync(fh)
+    await w.fs.write(fh, 3, b"two")
+    await w.close(fh)
+    await w.write("v/g", b"gee")
+    top = await w.path("v")
+    await w.fs.rename(top.ino, "g", top.ino, "f")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.obj("v", "data/f")["data"] == b"gee" and w.obj("v", "data/g") is None
+    assert await w.names("v") == ["f"] and w.fs.upload_report() == []
 
 
 # ------------------------------------------------------------ eager: reopening right after a close

@@ -560,6 +560,35 @@ async def test_copy_file_range_of_a_whole_object_into_a_new_file_is_a_server_sid
     assert w.fs.stat(dst)[2] == 11
 
 
+async def test_copy_file_range_in_the_kernels_pieces_is_one_server_side_copy(
+        make_world, monkeypatch):
+    # the kernel asks for at most COPY_PIECE bytes at a time (4 GiB less a page): the
+    # first piece copies the whole object, the next ones find their bytes copied
+    from delvefs.client.fs import writes
+    monkeypatch.setattr(writes, "COPY_PIECE", 4)
+    w = make_world(wview())
+    w.add("v", "data/src", b"0123456789")
+    await w.start()
+    src = await w.path("v/src")
+    fh_in, _ = await w.fs.open(src.ino, os.O_RDONLY)
+    fh_out, dst = await w.open_write("v/dst")
+    done = 0
+    while True:
+        n = await w.fs.copy_file_range(fh_in, done, fh_out, done, 4, 0)
+        if n == 0:
+            break
+        done += n
+    assert done == 10 and w.store.wcalls["copy"] == 1 and w.store.uploaded == []
+    await w.close(fh_out)
+    await w.fs.release(fh_in)
+    assert w.obj("v", "data/dst")["data"] == b"0123456789"
+    with pytest.raises(FsError) as e:               # a piece that is not the first: not copied
+        fh_in, _ = await w.fs.open(src.ino, os.O_RDONLY)
+        fh_out, _ = await w.open_write("v/other")
+        await w.fs.copy_file_range(fh_in, 4, fh_out, 4, 4, 0)
+    assert e.value.errno == errno.EOPNOTSUPP
+
+
 async def test_copy_file_range_of_anything_else_lets_the_kernel_copy(make_world):
     w = make_world(wview())
     w.add("v", "data/src", b"0123456789")

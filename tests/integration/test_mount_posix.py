@@ -151,6 +151,33 @@ def test_a_descriptor_keeps_the_version_it_read_over_an_outside_overwrite(
         os.close(fd)
 
 
+def test_an_open_beside_a_reader_that_finds_s3_ahead_reads_the_new_version(
+        mounts, handler, s3, bucket, mode):
+    # the handler is down, so the listing stays behind S3: the second open (past the ttl)
+    # asks S3, the name moves to a new inode, and the kernel opens that (ESTALE retried
+    # inside the kernel) while the first descriptor keeps its version and its pages
+    mp = mounts.mount(data_views(bucket), *mode)
+    path = mp / "data/ahead.bin"
+    put(s3, bucket, "data/ahead.bin", b"o" * 3000)
+    wait_until(lambda: path.exists() and path.read_bytes() == b"o" * 3000, CHANGE_TIMEOUT,
+               "the object shows")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 1 << 20, 0) == b"o" * 3000
+        before = os.fstat(fd).st_ino
+        handler.stop()
+        try:
+            put(s3, bucket, "data/ahead.bin", b"n" * 1000)
+            wait_until(lambda: path.read_bytes() == b"n" * 1000, CHANGE_TIMEOUT,
+                       "an open by path reads S3's version")
+            assert os.stat(path).st_ino != before
+            assert os.pread(fd, 1 << 20, 0) == b"o" * 3000   # the first descriptor's version
+        finally:
+            handler.start()
+    finally:
+        os.close(fd)
+
+
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
 
 

@@ -157,7 +157,7 @@ class FileSystem:
             if not vs.writable:
                 raise read_only(vs.name)
             return await self.writes.open_writer(node, truncate=bool(flags & os.O_TRUNC)), False
-        return self.reads.open(node)
+        return await self.reads.open(node)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return await self.reads.read(fh, off, size)

@@ -86,33 +86,36 @@ class DeleteQueue:
         """Send every due DELETE (batches of 1,000 per bucket, a few at once); the reason of
         each one that failed."""
         now = trio.current_time()
-        by_bucket: dict[str, list[str]] = {}
+        by_bucket: dict[str, list[tuple[str, dict]]] = {}
         for (bucket, key), d in list(self.queued.items()):
             if d["at"] <= now:
-                by_bucket.setdefault(bucket, []).append(key)
+                by_bucket.setdefault(bucket, []).append((key, d))
         failed: dict[tuple[str, str], str] = {}
         limiter = trio.CapacityLimiter(4)
 
-        async def batch(bucket: str, keys: list[str]) -> None:
+        async def batch(bucket: str, sent: list[tuple[str, dict]]) -> None:
             async with limiter:
-                errors = await self.store.delete_many(bucket, keys)
-            log.info("DeleteObjects %s: %d keys, %d failed", bucket, len(keys), len(errors))
-            for key in keys:
-                d = self.queued.get((bucket, key))
+                errors = await self.store.delete_many(bucket, [key for key, _ in sent])
+            log.info("DeleteObjects %s: %d keys, %d failed", bucket, len(sent), len(errors))
+            for key, d in sent:
+                # the key may have been queued again while this batch was under way (an
+                # object uploaded and unlinked since): that later DELETE is still owed
+                current = self.queued.get((bucket, key)) is d
                 exc = errors.get(key)
                 if exc is None or exc.errno == errno.ENOENT:
-                    self.queued.pop((bucket, key), None)
+                    if current:
+                        self.queued.pop((bucket, key))
                     continue
                 failed[(bucket, key)] = str(exc)
-                if d is not None:
+                if current:
                     log.warning("deleting %s/%s: %s", bucket, key, exc)
                     d["error"] = str(exc)
                     d["delay"] = min(self.retry_max, max(self.retry_initial, d["delay"] * 2))
                     d["at"] = trio.current_time() + d["delay"]
         async with trio.open_nursery() as nursery:
-            for bucket, keys in by_bucket.items():
-                for i in range(0, len(keys), 1000):
-                    nursery.start_soon(batch, bucket, keys[i:i + 1000])
-        sent, self._sent = self._sent, trio.Event()
-        sent.set()
+            for bucket, due in by_bucket.items():
+                for i in range(0, len(due), 1000):
+                    nursery.start_soon(batch, bucket, due[i:i + 1000])
+        round_done, self._sent = self._sent, trio.Event()
+        round_done.set()
         return failed

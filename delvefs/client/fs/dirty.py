@@ -304,11 +304,11 @@ class DirtyFiles:
         self._write(entry)
 
     def update_record(self, entry: CacheEntry, **changes) -> None:
-        """Change the record (``view``, ``base``, ``tags``, ``untag``, ``conflict``) of a
-        dirty entry."""
+        """Change the record (``view``, ``base``, ``existing``, ``tags``, ``untag``,
+        ``conflict``) of a dirty entry; a new ``base`` alone implies ``existing``."""
+        if "base" in changes and "existing" not in changes:
+            changes["existing"] = bool(changes["base"])
         entry.meta.update(changes)
-        if "base" in changes:
-            entry.meta["existing"] = bool(changes["base"])
         if entry.journaled:
             self._write(entry)
 

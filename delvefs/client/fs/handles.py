@@ -19,7 +19,7 @@ from .inodes import Dir, File
 
 class FileHandle:
     __slots__ = ("node", "entry", "fd", "lock", "writer", "next_off", "window", "ahead",
-                 "fetches")
+                 "fetches", "copied")
 
     def __init__(self, node: File, writer: bool = False):
         self.node = node
@@ -31,6 +31,7 @@ class FileHandle:
         self.window = 0       # read-ahead window (0: none yet)
         self.ahead = 0        # bytes before it are fetched or being fetched
         self.fetches: list = []  # the read-ahead's fetches (cancelled at close)
+        self.copied = None    # (source handle number, the version written) after a server-side copy
 
 
 class DirHandle:
@@ -73,6 +74,14 @@ class Handles:
         """Whether a handle open for reading only (other than ``besides``) holds ``node``."""
         return any(not h.writer and h.node is node and h is not besides
                    for h in self.files.values())
+
+    def reader_of_version(self, node: File) -> FileHandle | None:
+        """A reading handle of ``node`` whose entry is the node's version (clean), if any."""
+        for h in self.files.values():
+            if not h.writer and h.node is node and h.fd is not None and h.entry is not None \
+                    and not h.entry.dirty and h.entry.etag == node.etag:
+                return h
+        return None
 
     def close_all(self) -> None:
         for fh in list(self.files):

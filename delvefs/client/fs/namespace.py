@@ -212,12 +212,15 @@ class Namespace:
                         except StoreError as exc:
                             raise store_failure(exc, "deleting (rename)", sb, sk) from exc
                     self.uploads.unschedule(entry)
+                    # based on what S3 holds at the new key as far as this mount knows: what
+                    # a dirty file it replaces was based on (uploaded while open, its node
+                    # may not show that version yet), else the target's version, else
+                    # nothing; a conflict copy renamed is an ordinary file again
+                    base, existing = self._known_version(db, dk, target)
                     self._discard_dirty(db, dk, entry, dst_vs)
                     self.dirty.rekey(entry, db, dk)
-                    # based on what it replaces now: the target's version, or nothing; a
-                    # conflict copy renamed is an ordinary file again
-                    base = target.etag if target is not None and not target.is_dir else ""
-                    self.dirty.update_record(entry, view=dst_vs.name, base=base, conflict=None)
+                    self.dirty.update_record(entry, view=dst_vs.name, base=base, conflict=None,
+                                             existing=existing)
                     node.etag = ""
                     result["dirty"] = entry
                     return
@@ -251,6 +254,16 @@ class Namespace:
                 self.cache.forget(db, dk)
         result["obj"] = {"key": dk, "size": info["size"], "mtime": info["mtime"], "etag": info["etag"]}
         result["tags"] = tags
+
+    def _known_version(self, bucket: str, key: str, target: Node | None) -> tuple[str | None, bool]:
+        """The version of ``bucket/key`` S3 holds as far as this mount knows, and whether
+        there is one: what a dirty local copy of it is based on (None: unknown, asked at
+        the upload), else the target node's ETag, else "" (nothing)."""
+        replaced = self._dirty_at(bucket, key)
+        if replaced is not None and replaced.meta is not None and not replaced.meta.get("conflict"):
+            return replaced.meta.get("base"), bool(replaced.meta.get("existing"))
+        etag = target.etag if target is not None and not target.is_dir else ""
+        return etag, bool(etag)
 
     def _dirty_at(self, bucket: str, key: str):
         """The dirty entry of ``bucket/key``, if there is one."""

@@ -18,10 +18,11 @@ an inode when the ETag it was served is still the node's.
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from ..cacheentry import CacheEntry
-from ..errors import StoreError, cache_failure, read_failed, store_failure
+from ..errors import FsError, StoreError, cache_failure, read_failed, store_failure
 from .handles import FileHandle, Handles
 from .inodes import InodeTable
 from .tree import Tree
@@ -41,24 +42,77 @@ class Reads:
         self.cache = cache
         self.store = store
 
-    def open(self, node) -> tuple[int, bool]:
+    async def open(self, node) -> tuple[int, bool]:
         """A reading handle of ``node`` and whether the kernel may keep pages it cached for
-        this inode."""
+        this inode (``_revalidate`` first)."""
+        if not node.gone:  # (a gone inode has no name to look up again)
+            await self._revalidate(node)
         fh = self.handles.add_file(FileHandle(node))
         return fh, self.tree.serves(node.ino, node.etag)
+
+    async def _revalidate(self, node) -> None:
+        """Before the kernel serves an open anything: whether the node's version is still
+        S3's, when this mount holds bytes of it (a cached copy; or another handle reads the
+        inode). The kernel keeps one page cache per inode, so all handles of an inode read
+        one version (``_ready``) and a newer one must not reach its pages: asked past
+        ``ttl`` (always while another handle reads a version of which bytes are missing
+        here, as a byte of it gone from S3 would be EIO). A newer version moves the name to
+        the new version: the same inode with its pages dropped, or, while others read this
+        one (or the kernel's writeback cache holds its size), a new inode, and the open fails
+        ESTALE: the kernel then looks the name up again and opens that."""
+        vs = node.parent.view
+        others = self.handles.reading(node)
+        cached = self.cache.get(vs.bucket, node.key)
+        if not others and (cached is None or cached.etag != node.etag):
+            return  # nothing of this version here: the first read's GET, pinned to it, tells
+        holder = self.handles.reader_of_version(node)
+        whole = holder is not None and (holder.entry.present is None or holder.entry.present.covers(
+            0, min(holder.entry.size, holder.entry.source_len)))
+        try:
+            info = await self.cache.current(self.store, vs.bucket, node.key, etag=node.etag,
+                                            ttl=0.0 if others and not whole else vs.ttl)
+        except StoreError as exc:
+            if exc.errno != errno.ENOENT:
+                raise store_failure(exc, "opening", vs.bucket, node.key) from exc
+            return  # deleted: what is cached of the version is all there is
+        if info is None:
+            return
+        current = self.tree.object_changed(node, info["size"],
+                                           int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
+                                           info["etag"])
+        if current is not node:
+            raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
 
     async def _ready(self, h: FileHandle, off: int, size: int) -> int:
         async with h.lock:
             if h.fd is not None:
                 return h.fd
             node = h.node
+            other = self.handles.reader_of_version(node)
+            if other is not None:
+                # one version per inode (``open``): the pages this handle's reads bring in
+                # are the other handle's pages too
+                try:
+                    h.fd = os.dup(other.fd)
+                except OSError as exc:
+                    raise cache_failure(exc, "opening", other.entry) from exc
+                self.cache.hold(other.entry)
+                h.entry = other.entry
+                return h.fd
             vs = node.parent.view
+            # the kernel may serve this handle pages of the node's version (kept at open, or
+            # of an inode the name has left): its reads are of that version or fail, never
+            # of a newer one
+            exact = node.gone or self.tree.serves(node.ino, node.etag)
             try:
                 entry, info = await self.cache.fetch(self.store, vs.bucket, node.key, etag=node.etag,
                                                      size=node.size, ttl=vs.ttl,
-                                                     want=(off, off + size))
+                                                     want=(off, off + size), exact=exact)
             except StoreError as exc:
-                raise store_failure(exc, "reading", vs.bucket, node.key) from exc
+                failure = store_failure(exc, "reading", vs.bucket, node.key)
+                if exact:  # its version is gone (or unreachable): EIO, never another's bytes
+                    failure.errno = errno.EIO
+                raise failure from exc
             try:
                 h.fd = os.open(entry.path, os.O_RDONLY)
             except OSError as exc:

@@ -35,6 +35,9 @@ FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 FALLOC_FL_ZERO_RANGE = 0x10
 ZEROS_AT_ONCE = 1 << 20  # a punched hole or zeroed range is written in pieces this big
+# the most the kernel asks copy_file_range for at once (a FUSE reply counts 32 bits): the
+# largest multiple of the page size below 4 GiB
+COPY_PIECE = 0xFFFFFFFF & ~0xFFF
 
 
 class Writes:
@@ -192,14 +195,22 @@ class Writes:
         """copy_file_range(2) (``cp``): a whole object copied to offset 0 of a new, empty
         file is a server-side copy (the destination's tags as a new file of its view gets),
         and the descriptor writes that object from then on; anything else is EOPNOTSUPP,
-        and the kernel copies by read and write. The bytes copied."""
+        and the kernel copies by read and write. The bytes copied.
+
+        The kernel asks for at most ``COPY_PIECE`` bytes at a time: a first piece that long
+        copies the whole object (and answers its length); the pieces that follow, at the
+        same offsets in both files, find their bytes there already."""
         h_in, h_out = self.handles.files.get(fh_in), self.handles.files.get(fh_out)
         if h_in is None or h_out is None or not h_out.writer:
             raise FsError(errno.EBADF)
         src, dst, out = h_in.node, h_out.node, h_out.entry
+        if h_out.copied is not None and h_out.copied == (fh_in, out.etag, src.etag) \
+                and off_in == off_out and not flags and not out.dirty and not dst.gone:
+            return max(0, min(length, out.size - off_in))  # a later piece: copied already
         vs_in, vs_out = src.parent.view, dst.parent.view
         source = self.cache.get(vs_in.bucket, src.key)
-        if not (off_in == 0 and off_out == 0 and not flags and length >= src.size > 0
+        if not (off_in == 0 and off_out == 0 and not flags and length >= min(src.size, COPY_PIECE)
+                and src.size > 0
                 and src.etag and not src.gone and not dst.gone and out.dirty and out.size == 0
                 and out.meta.get("base") == "" and self.cache.get(out.bucket, out.key) is out
                 and not (source is not None and source.dirty)):
@@ -227,6 +238,7 @@ class Writes:
             self.cache.release(out)
             self.dirty.add_writer(entry)
             h_out.fd, h_out.entry = fd, entry
+            h_out.copied = (fh_in, info["etag"], src.etag)
         log.info("copied %s/%s to %s/%s server-side: %d bytes", vs_in.bucket, src.key,
                  out.bucket, out.key, info["size"])
         dst.size, dst.etag, dst.mtime_ns = info["size"], info["etag"], time.time_ns()
@@ -234,7 +246,7 @@ class Writes:
         self.tree.local_put(out.bucket, out.key, {"key": out.key, "size": info["size"],
                                                   "mtime": info["mtime"], "etag": info["etag"]},
                             tags, quiet=vs_out, since=started)
-        return info["size"]
+        return min(info["size"], length)
 
     def _write_orphan(self, h: FileHandle, off: int, data: bytes) -> int:
         """A write to a file unlinked (or replaced by a rename) while open: the file lives
