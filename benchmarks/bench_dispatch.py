@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench_mount import log, wait_for
+from .bench_mount import log
 from .bench_tree import source_tar
 
 # the floor with its handlers counted; the counts as JSON on fd 3's file at exit
