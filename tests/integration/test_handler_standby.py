@@ -231,7 +231,7 @@ def test_a_queue_of_an_older_handler_is_upgraded_without_losing_a_message(handle
         expected.update({f"new{i:03d}": f"n{i}" for i in range(500)})
         wait_until(lambda: {k: o["etag"] for k, o in h2.list_all(vid)[1].items()} == expected, 60,
                    "every event before and during the upgrade applied")
-        assert "upgraded to single-active-consumer" in h2.log_tail(200)
+        assert "declared anew (classic, single-active-consumer)" in h2.log_tail(200)
         ch.queue_declare(queue, durable=True, arguments=queue_arguments(dead))  # equivalent now
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
             ch.queue_declare(queue + UPGRADE_SUFFIX, durable=True, passive=True)
