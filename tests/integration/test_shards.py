@@ -5,6 +5,7 @@ while the others go on, and a bucket handed to another shard keeps every object.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import uuid
 
@@ -207,8 +208,17 @@ def test_a_bucket_moved_to_another_shard_keeps_every_object(deployment):
     before = d.put(bucket, "before")
     wait_until(lambda: d.view_keys(vids[bucket]) == before, CATCH_UP, "listed on shard a")
     env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
-           "DELVEFS_HANDLER_TOKEN": "test-token"}
-    import subprocess
+           "DELVEFS_HANDLER_TOKEN": "test-token", "DELVEFS_STATE_HOME": str(d.tmp / "state")}
+    mount = None
+    if fuse_available():  # a mount of the bucket follows it: 421, registered again on c
+        mounts = Mounts(d.tmp, env)
+        mount = mounts.mount(f"""
+            moved:
+              bucket: {bucket}
+              object: "before/*"
+              ttl: 1s
+            """)
+        assert set(listdir(mount / "moved")) == {k.split("/")[1] for k in before}
     r = subprocess.run([DELVEFS, "shards", "move", bucket, "--to", "c"], env=env,
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
@@ -226,3 +236,10 @@ def test_a_bucket_moved_to_another_shard_keeps_every_object(deployment):
                CATCH_UP, "every object of the moved bucket listed on shard c")
     assert d.shard_answer("c")["buckets"] == sorted([bucket, d.buckets["c"]])
     assert all(d.shard_answer(n)["foreign_events"] == 0 for n in ("b", "c"))
+    if mount is not None:
+        try:
+            d.put(bucket, "before", OBJECTS + 3)  # three more, listed by the mount through shard c
+            wait_until(lambda: len(listdir(mount / "moved")) == OBJECTS + 3, CATCH_UP,
+                       "the mount lists the moved bucket's new objects")
+        finally:
+            mounts.cleanup()
