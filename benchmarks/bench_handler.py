@@ -7,6 +7,7 @@ baseline measured in the same run.
                                                  [--skip-scan] [--repeat 1]
                                                  [--scenarios RAW,MATCH,DB_MATCH,TAGS,META]
                                                  [--prop-objects 20000]
+                                                 [--shards 1,2,3]
 
 TAGS / META: 100 views with a property rule each (``properties: {kind: "k*"}``; META:
 ``metadata: {kind: "k*"}``) on a bucket of --prop-objects real objects, created in MinIO
@@ -407,6 +408,8 @@ def main() -> int:
     ap.add_argument("--latency-rate", type=float, help="events/s for the latency run "
                     "(default: 20%% of the measured MATCH rate)")
     ap.add_argument("--keep", help="keep services and state in this directory (reuses the scan bucket)")
+    ap.add_argument("--shards", help="only the shard benchmark, for these shard counts (e.g. 1,2,3; "
+                    "--events per shard): benchmarks/bench_handler_shards.py")
     args = ap.parse_args()
     sys.setswitchinterval(0.0005)
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="delvefs-bench-"))
@@ -414,6 +417,11 @@ def main() -> int:
     with LocalServices(base / "services") as svc:
         env = svc.env()
         os.environ.update(env)
+        if args.shards:
+            from benchmarks import bench_handler_shards
+            bench_handler_shards.main(svc, base, [int(n) for n in args.shards.split(",")], args.events,
+                                      args.objects)
+            return 0
         s3 = make_client()
         ensure_bucket(s3, "bench")
         h = HandlerProcess(env, base / f"state-{time.time_ns()}", token=None, queue=HANDLER_QUEUE,
