@@ -168,7 +168,7 @@ def run(args) -> int:
         sqs_queue = config.sqs_queue(getattr(args, "sqs_queue", None))
         if sqs_queue:  # AWS S3: notifications arrive through SQS (eventhandler/sqs.py)
             from .sqs import SqsConsumer
-            consumer = SqsConsumer(sqs_queue, engine, metrics, on_fatal=stop_for,
+            consumer = SqsConsumer(sqs_queue, engine, metrics, on_fatal=stop_for, sharding=sharding,
                                    dead_letter_url=config.sqs_dead_letter_queue(
                                        getattr(args, "sqs_dead_letter_queue", None)))
             consumer.start()
