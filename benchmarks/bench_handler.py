@@ -49,6 +49,7 @@ import pika
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_handler_profile import bench_views, messages  # noqa: E402
+from benchmarks.broker import publish, wait_depth  # noqa: E402
 from delvefs.devtools.localservices import LocalServices  # noqa: E402
 from delvefs.shared.config import S3Settings  # noqa: E402
 from delvefs.shared.s3 import (LeanClient, ensure_bucket, make_client, presigned_list_url,  # noqa: E402
@@ -61,33 +62,6 @@ from rulesets import View  # noqa: E402
 HERE = Path(__file__).resolve().parent
 BARE_QUEUE = "bench.bare"
 HANDLER_QUEUE = "bench.handler"
-
-
-def publish(url: str, msgs, exchange: str = "delvefs") -> float:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    t0 = time.perf_counter()
-    for body, headers in msgs:
-        ch.basic_publish(exchange, "", body, pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, headers=headers))
-    conn.close()
-    return time.perf_counter() - t0
-
-
-def queue_depth(url: str, queue: str) -> int:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return conn.channel().queue_declare(queue, durable=True, passive=True).method.message_count
-    finally:
-        conn.close()
-
-
-def wait_depth(url, queue, n, timeout=120):
-    deadline = time.monotonic() + timeout
-    while queue_depth(url, queue) < n:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{queue} never reached {n} messages")
-        time.sleep(0.05)
 
 
 def run_bare(url: str, n: int) -> dict:

@@ -31,6 +31,7 @@ from eventhandler.amqp import bucket_binding, declare_bucket_exchange, declare_e
 from eventhandler.devtools import HandlerProcess
 
 from .bench_handler_profile import bench_views, messages
+from .broker import publish, wait_depth
 
 HERE = Path(__file__).resolve().parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -49,34 +50,6 @@ def owned_buckets(shard_map: ShardMap) -> dict[str, str]:
         found.setdefault(shard_map.owner(f"bench-{i}"), f"bench-{i}")
         i += 1
     return found
-
-
-def publish(url: str, msgs, exchange: str = "delvefs") -> float:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    t0 = time.perf_counter()
-    for body, headers in msgs:
-        ch.basic_publish(exchange, "", body, pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, headers=headers))
-    dt = time.perf_counter() - t0
-    conn.close()
-    return dt
-
-
-def depth(url: str, queue: str) -> int:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return conn.channel().queue_declare(queue, durable=True, passive=True).method.message_count
-    finally:
-        conn.close()
-
-
-def wait_depth(url: str, queue: str, n: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while depth(url, queue) < n:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{queue} never reached {n} messages")
-        time.sleep(0.05)
 
 
 def processed(h: HandlerProcess) -> float:
