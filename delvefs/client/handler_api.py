@@ -157,7 +157,14 @@ def register_request(client: str, views: list[dict], proof: dict[str, str]) -> A
     """``views``: [{"name", "spec"}]; ``proof``: {bucket: presigned ListObjectsV2 URL}."""
     return ApiRequest("POST", "/v1/views", "registering views",
                       body={"client": client, "views": views, "proof": proof}, answer_field="views",
-                      bucket=views[0]["spec"].get("bucket") if views else None)
+                      bucket=view_bucket(views[0]) if views else None)
+
+
+def view_bucket(view) -> str | None:
+    """The bucket of a view to register ({"name", "spec"}), if it names one."""
+    spec = view.get("spec") if isinstance(view, dict) else None
+    bucket = spec.get("bucket") if isinstance(spec, dict) else None
+    return bucket if isinstance(bucket, str) else None
 
 
 def unregister_request(view_id: str) -> ApiRequest:
@@ -476,7 +483,7 @@ class HandlerOperations:
     def register(self, client: str, views: list[dict], proof: dict[str, str]):
         """``views``: [{"name", "spec"}] -> [{"name", "id", "version"}] (in their order)."""
         def build(part):
-            buckets = {v["spec"].get("bucket") for v in part}
+            buckets = {view_bucket(v) for v in part}
             return register_request(client, part, {b: u for b, u in proof.items() if b in buckets})
 
         def merge(items, parts):
@@ -484,11 +491,11 @@ class HandlerOperations:
             for group, answer in parts:  # each shard answers its views in their order
                 for i, one in zip(group, answer):
                     answers[i] = one
-                    self.know_view(one["id"], items[i]["spec"].get("bucket"))
+                    self.know_view(one["id"], view_bucket(items[i]))
             return answers
         if not views:
             return self._call(register_request(client, views, proof))
-        return self._run(self._split(views, lambda v: v["spec"].get("bucket"), build, merge))
+        return self._run(self._split(views, lambda v: view_bucket(v) or "", build, merge))
 
     def unregister(self, view_id: str):
         """``{"id", "forgotten"}``, or None when the handler holds no registration of it."""

@@ -137,6 +137,13 @@ def test_a_shard_answers_421_and_an_outdated_client_follows_it(deployment):
         keys = d.put(bucket_a, "o", 5)
         wait_until(lambda: keys <= d.view_keys(vids[bucket_a], outdated), CATCH_UP, "listed via the owner")
     assert d.client.shard_maps()["c"]["shard"] == "c"
+    env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
+           "DELVEFS_HANDLER_TOKEN": "test-token"}
+    shown = subprocess.run([DELVEFS, "shards", "show"], env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    for name, bucket in d.buckets.items():
+        assert f"{name}: " in shown.stdout and bucket in shown.stdout
+    assert shown.stdout.count("foreign events: 0") == len(SHARDS)
 
 
 def test_a_mount_spans_the_shards(deployment, tmp_path):
