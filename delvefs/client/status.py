@@ -156,6 +156,9 @@ def run(args) -> int:
                     print(f"delvefs status: {exc}", file=sys.stderr)
                     return 1
             text = format_handler
+            if client.shards.sharded:  # one status per shard
+                def text(answers):
+                    return "\n\n".join(f"shard {name}:\n{format_handler(a)}" for name, a in answers.items())
         elif args.mountpoint:
             answer = request(args.mountpoint, "status", timeout=30)
             text = format_mount

@@ -55,10 +55,11 @@ class WatchError(Exception):
 class ViewInfo:
     id: str
     name: str
-    handler: str
+    handler: str  # its URLs, or the shard map
     root: str
     layout: str
     layout_by: tuple[str, ...] | None = None  # layout "by": the property of each directory level
+    bucket: str | None = None  # where a sharded client sends the view's requests
 
     @classmethod
     def of(cls, view_dir: Path) -> "ViewInfo":
@@ -71,7 +72,7 @@ class ViewInfo:
         info = json.loads(raw)
         by = info.get("layout_by")
         return cls(info["id"], info["name"], info["handler"], info["root"], info["layout"],
-                   tuple(by) if by else None)
+                   tuple(by) if by else None, info.get("bucket"))
 
 
 class Watcher:
@@ -80,6 +81,8 @@ class Watcher:
         self.view = ViewInfo.of(view_dir)
         self.out = out
         self.handler = SyncHandlerClient(self.view.handler, token, timeout=STREAM_READ_TIMEOUT)
+        if self.view.bucket:
+            self.handler.know_view(self.view.id, self.view.bucket)
         self.present: set[str] = set()
         self.version = 0
         self.outage: str | None = None  # why the handler does not answer, while it does not
