@@ -47,7 +47,21 @@ class Reads:
         this inode (``_revalidate`` first)."""
         if not node.gone:  # (a gone inode has no name to look up again)
             await self._revalidate(node)
-        fh = self.handles.add_file(FileHandle(node))
+        h = FileHandle(node)
+        vs = node.parent.view
+        entry = self.cache.get(vs.bucket, node.key)
+        if entry is not None and not entry.dirty and entry.etag and entry.etag == node.etag:
+            # the kernel may serve this descriptor pages of that version without asking:
+            # it holds the version's cached bytes from now on (an overwrite replaces the
+            # cache's entry, never the one a descriptor holds)
+            try:
+                h.fd = os.open(entry.path, os.O_RDONLY)
+            except OSError:
+                pass  # the first read opens what is there then
+            else:
+                self.cache.hold(entry)
+                h.entry = entry
+        fh = self.handles.add_file(h)
         return fh, self.tree.serves(node.ino, node.etag)
 
     async def _revalidate(self, node) -> None:
