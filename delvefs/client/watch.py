@@ -74,6 +74,16 @@ class ViewInfo:
                    tuple(by) if by else None)
 
 
+def locate(view_dir: Path, view: ViewInfo, rel: str, props: dict | None) -> Path:
+    """Where the mount shows the file named ``rel``: in a layout by properties (flat
+    names one directory level per property down), below the directories of its values,
+    which the handler's listings and changes carry (``props``)."""
+    by = view.layout_by
+    if not by:
+        return view_dir / rel
+    return view_dir.joinpath(*(value_dir(v) for v in layout_values(by, props or {})), rel)
+
+
 class Watcher:
     def __init__(self, view_dir: Path, out, *, token: str | None):
         self.view_dir = view_dir
@@ -111,13 +121,7 @@ class Watcher:
         self.out.flush()
 
     def locate(self, rel: str, props: dict | None) -> Path:
-        """Where the mount shows the file named ``rel``: in a layout by properties (flat
-        names one directory level per property down), below the directories of its values,
-        which the handler's listings and changes carry (``props``)."""
-        by = self.view.layout_by
-        if not by:
-            return self.view_dir / rel
-        return self.view_dir.joinpath(*(value_dir(v) for v in layout_values(by, props or {})), rel)
+        return locate(self.view_dir, self.view, rel, props)
 
     def apply(self, change: dict) -> None:
         key = change["key"]
@@ -209,7 +213,15 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `watch | head` ends quietly
     try:
-        Watcher(Path(args.view_dir), sys.stdout, token=handler_token()).run(args.existing)
+        if args.group is not None:
+            from .workgroup import GroupMember
+            GroupMember(Path(args.view_dir), args.group, sys.stdout, token=handler_token(),
+                        command=args.exec, jobs=args.jobs, lease=args.lease,
+                        max_failures=args.max_failures).run(args.existing)
+        elif args.exec is not None:
+            raise WatchError("--exec runs a command per file of a group: give --group NAME")
+        else:
+            Watcher(Path(args.view_dir), sys.stdout, token=handler_token()).run(args.existing)
     except WatchError as exc:
         print(f"delvefs watch: {exc}", file=sys.stderr)
         return 1
