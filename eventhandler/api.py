@@ -541,13 +541,19 @@ class Api:
 
     async def _catch_up(self, info, group, relist: bool = False) -> None:
         """Give the group the files of its view it has not seen (one catch-up at a time;
-        the LevelDB reads off the loop)."""
+        a whole listing is read off the loop)."""
         async with group.lock:
-            if not relist and group.cursor == self.engine.buckets[info.bucket].committed:
-                return
-            news = await asyncio.get_running_loop().run_in_executor(
-                None, wg.read_news, self.engine, info, group, relist)
-            group.feed(news)
+            while relist or group.cursor != self.engine.buckets[info.bucket].committed:
+                if relist or wg.needs_listing(self.engine, info, group):
+                    news = await asyncio.get_running_loop().run_in_executor(
+                        None, wg.read_news, self.engine, info, group, True)
+                else:  # a page of changes inline, as the change stream reads it
+                    news = wg.read_news(self.engine, info, group, False)
+                group.feed(news)
+                if not news["more"]:
+                    return
+                relist = False
+                await asyncio.sleep(0)  # the loop's other requests between pages
 
     async def group_join(self, request: web.Request):
         """Join a group (made by the first join, with its lease and max_failures); with

@@ -15,8 +15,8 @@ WriteBatch with the records). A file is
   leases alike.
 
 Everything here runs on the API's asyncio loop (one thread), so each operation is atomic
-against the others; reading the change log or a listing for a group is done off the loop
-(:func:`read_news`) and applied on it (:meth:`WorkGroup.feed`).
+against the others; a page of the change log is read on it as the change stream reads
+one, a whole listing off it (:func:`read_news`), and applied on it (:meth:`WorkGroup.feed`).
 """
 from __future__ import annotations
 
@@ -283,13 +283,16 @@ class Groups:
 
 
 def read_news(engine, info, group: WorkGroup, relist: bool) -> dict:
-    """What the group has not seen of its view (off the loop: LevelDB reads): the changes
-    after its cursor, or — when ``relist`` or the change log no longer reaches back to the
-    cursor — the whole listing. Each file with whether the group already has a record of it.
-    ``{"kind", "version", "files": [(key, op, version, props, known)]}``."""
+    """What the group has not seen of its view, with whether the group already has a record
+    of each file: one page of the changes after its cursor (``more`` when there are more),
+    or — when ``relist`` or the change log no longer reaches back to the cursor — the whole
+    listing (``"kind": "listing"``: call it off the loop). A page of changes is read inline,
+    as the change stream reads it. ``{"kind", "version", "more", "files": [(key, op,
+    version, props, known)]}``."""
     top = engine.buckets[info.bucket].committed
     floor = engine.change_floor(info)
     files = []
+    more = False
     if relist or not floor <= group.cursor <= top:
         after, version = None, None
         while True:
@@ -302,19 +305,19 @@ def read_news(engine, info, group: WorkGroup, relist: bool) -> dict:
                 break
         kind = "listing"
     else:
-        version = group.cursor
-        while True:
-            res = engine.changes(info, version, CHANGES_PAGE)
-            for ch in res["changes"]:
-                files.append((ch["key"], ch["op"], ch["v"], (ch.get("object") or {}).get("properties")))
-            version = res["version"]
-            if not res["more"]:
-                break
-        kind = "changes"
+        res = engine.changes(info, group.cursor, CHANGES_PAGE)
+        for ch in res["changes"]:
+            files.append((ch["key"], ch["op"], ch["v"], (ch.get("object") or {}).get("properties")))
+        version, more, kind = res["version"], res["more"], "changes"
     news = []
     for key, op, v, props in files:
         if key.endswith("/"):  # a folder marker is a directory, no file to work on
             continue
         known = op == "put" and group.store.get_work(group.vid, group.name, key) is not None
         news.append((key, op, v, props, known))
-    return {"kind": kind, "version": version, "files": news}
+    return {"kind": kind, "version": version, "more": more, "files": news}
+
+
+def needs_listing(engine, info, group: WorkGroup) -> bool:
+    """Whether the change log no longer reaches back to the group's cursor."""
+    return not engine.change_floor(info) <= group.cursor <= engine.buckets[info.bucket].committed
