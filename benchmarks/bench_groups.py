@@ -65,6 +65,20 @@ def latencies(writer: Writer, received: list[tuple[str, float]]) -> list[float]:
     return [(t - writer.put_at[k]) * 1000 for k, t in received if k in writer.put_at]
 
 
+def drive(writer: Writer, receivers: list[threading.Thread], ready, received: list[tuple[str, float]]):
+    """Start the receivers, PUT once ``ready()``, wait for the receivers to end: the
+    latencies, and the seconds from the first PUT to the last reception."""
+    for t in receivers:
+        t.start()
+    while not ready():
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    writer.run()
+    for t in receivers:
+        t.join(120)
+    return latencies(writer, received), max(t for _k, t in received) - t0
+
+
 def run_watch(h: HandlerProcess, s3, vid: str, members: int, n: int):
     writer = Writer(s3, "watch/", n)
     received: list[tuple[str, float]] = []
@@ -85,16 +99,8 @@ def run_watch(h: HandlerProcess, s3, vid: str, members: int, n: int):
         except HandlerError:
             pass
 
-    threads = [threading.Thread(target=subscriber, daemon=True) for _ in range(members)]
-    for t in threads:
-        t.start()
-    while len(stops) < members:
-        time.sleep(0.01)
-    t0 = time.perf_counter()
-    writer.run()
-    for t in threads:
-        t.join(120)
-    return latencies(writer, received), max(t for _k, t in received) - t0
+    return drive(writer, [threading.Thread(target=subscriber, daemon=True) for _ in range(members)],
+                 lambda: len(stops) == members, received)
 
 
 def run_group(h: HandlerProcess, s3, vid: str, members: int, n: int):
@@ -127,18 +133,11 @@ def run_group(h: HandlerProcess, s3, vid: str, members: int, n: int):
                     received.append((f["key"], time.perf_counter()))
                 acks.put(f["key"])
 
-    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(members)]
-    for t in threads:
-        t.start()
-    while len(joined) < members:
-        time.sleep(0.01)
-    t0 = time.perf_counter()
-    writer.run()
-    for t in threads:
-        t.join(120)
+    result = drive(writer, [threading.Thread(target=member, args=(i,), daemon=True) for i in range(members)],
+                   lambda: len(joined) == members, received)
     keys = [k for k, _t in received]
     assert len(keys) == len(set(keys)) == n, (len(keys), len(set(keys)))
-    return latencies(writer, received), max(t for _k, t in received) - t0
+    return result
 
 
 def run_quorum_hop(amqp_url: str, members: int, n: int):

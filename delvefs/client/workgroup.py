@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .fs.inodes import relative_path
 from .handler_api import HandlerError, HandlerUnavailable, SyncHandlerClient
-from .watch import RETRY_MAX, SYNC_XATTR, ViewInfo, WatchError, locate
+from .viewdir import RETRY_MAX, SYNC_XATTR, ViewInfo, WatchError, locate
 
 log = logging.getLogger("delvefs.client.watch")
 CLAIM_WAIT = 20.0  # seconds a claim waits for a file before it is asked again
