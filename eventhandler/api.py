@@ -521,10 +521,14 @@ class Api:
             raise ApiError(400, "bad_request", 'body must be {"member": ID, ...}')
         return body
 
-    def _member(self, request, group, mid, client: str = "") -> "wg.Member":
+    @staticmethod
+    def _member_id(mid) -> str:
         if not isinstance(mid, str) or not wg.MEMBER.fullmatch(mid):
             raise ApiError(400, "bad_request", "member must be 1 to 128 of A-Z a-z 0-9 . _ : @ -")
-        member = group.member(mid, request["principal"], client, time.time())
+        return mid
+
+    def _member(self, request, group, mid, client: str = "") -> "wg.Member":
+        member = group.member(self._member_id(mid), request["principal"], client, time.time())
         if member is None:
             raise ApiError(403, "forbidden", f"member {mid!r} of group {group.name!r} is another principal's")
         return member
@@ -560,6 +564,7 @@ class Api:
         ``existing`` the files already in the view that the group has not seen become work."""
         info, name, group = self._group(request, create=True)
         body = await self._group_body(request)
+        self._member_id(body.get("member"))  # (checked before a group is made)
         lease = self._number(body, "lease", wg.DEFAULT_LEASE, *wg.LEASE_RANGE)
         max_failures = self._number(body, "max_failures", wg.DEFAULT_MAX_FAILURES,
                                     *wg.MAX_FAILURES_RANGE, kind=int)
