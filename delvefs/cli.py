@@ -160,9 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("watch", help="print each file that appears in a mounted view",
                        description="Print the path of each file that appears in MOUNT/VIEW, one a "
-                                   "line, until stopped.")
+                                   "line, until stopped; with --group, share the files with the "
+                                   "group's other members.")
     p.add_argument("view_dir", metavar="MOUNT/VIEW")
-    p.add_argument("--existing", action="store_true", help="first print the files already there")
+    p.add_argument("--existing", action="store_true", help="first print the files already there "
+                   "(with --group: those the group has not seen yet)")
+    p.add_argument("--group", metavar="NAME", help="be one member of the work-queue group NAME of the "
+                   "view: each file goes to one member only, and to another when a member dies or "
+                   "fails on it (docs/SEMANTICS.md)")
+    p.add_argument("--exec", metavar="CMD", help="with --group: run CMD per file ({} is the path; "
+                   "without {} the path is the last argument) and acknowledge the file when CMD "
+                   "exits 0; without --exec a file is acknowledged once printed")
+    p.add_argument("-j", "--jobs", type=int, default=1, metavar="K",
+                   help="with --exec: run up to K commands at a time (default 1)")
+    p.add_argument("--lease", type=float, default=None, metavar="SECONDS",
+                   help="with --group, when the group is made: seconds a member holds a file without "
+                        "renewing (members renew while they work; default 60)")
+    p.add_argument("--max-failures", type=int, default=None, metavar="N",
+                   help="with --group, when the group is made: failed attempts after which a file "
+                        "is set aside as failed (default 3)")
     _add_version(parser)
     for command in sub.choices.values():  # every subcommand, and theirs, answers --version
         _add_version(command)

@@ -12,7 +12,8 @@ Wires, inside one ExitStack (torn down in reverse order):
 3. ``Consumer``— the AMQP thread (pika BlockingConnection), acking after each commit; or,
                  with ``--sqs-queue`` / $DELVEFS_SQS_QUEUE, ``SqsConsumer`` (eventhandler/sqs.py:
                  SQS long polls, deleting after each commit) — one event source per handler;
-4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT;
+4. the aiohttp server on the asyncio loop of the main thread, until SIGTERM/SIGINT, with the
+   work-queue groups (eventhandler/groups.py, loaded from LevelDB);
    beside it, ``quiet_gc`` keeps garbage collections off the event path (delvefs.shared.quietgc).
 
 If LevelDB cannot be written (disk full, I/O error), by the consumer (which then acks
@@ -96,6 +97,7 @@ def run(args) -> int:
     from .api import Api
     from .auth import GRANTS_FILE, Authenticator, Grants, listen_is_loopback, principals_path, tls_context
     from .engine import DEFAULT_VIEW_TTL, Engine
+    from .groups import Groups
     from .metrics import Metrics
     from .standby import StateLock, stand_by
     from .statedb import Store
@@ -187,7 +189,7 @@ def run(args) -> int:
         grants = Grants(state_dir / GRANTS_FILE)  # read now: a standby's copy would be stale
         auth.on_revoked = grants.forget
         api = Api(engine, consumer, metrics, auth, grants, config.S3Settings.from_env().endpoint_url,
-                  sharding=sharding)
+                  groups=Groups(store), sharding=sharding)  # groups: as LevelDB holds them
         gc_stop = threading.Event()
         threading.Thread(target=quiet_gc, args=(gc_stop,), name="delvefs-gc", daemon=True).start()
         stack.callback(gc_stop.set)

@@ -41,6 +41,14 @@ key                    value                                                    
 ``E`` bucket\\0 n       [kind, key, seq, size, etag, mtime, metadata, name]: an      consumer
                        event of a bucket whose first scan is running, held until
                        the scan ends (n: 8-byte big-endian arrival counter)
+``G`` vid name          {"view", "name", "lease", "max_failures", "cursor",        api
+                        "done", "created"}: a work-queue group of a view: its       (groups)
+                        settings, the view version up to which files were
+                        given to it (``cursor``), how many it finished
+``W`` vid name\\0key    [state, attempts, member, until, version, props, error]:    api
+                        one file of a group: pending, in flight (held by member     (groups)
+                        until epoch ``until``), done or failed (set aside after
+                        ``max_failures`` attempts)
 =====================  ==========================================================  ==========
 
 Invariants (each WriteBatch keeps them, so they hold after any crash):
@@ -83,6 +91,10 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
 - A view's change for an entry: put when its slot is in ``slots``; delete when it is only
   in ``ever``; none otherwise.
 - ``T`` exists iff the object has ``TAGS_PENDING`` (a fetch is owed after a restart).
+- ``G``/``W``: a group's files and its ``cursor`` are written in one WriteBatch, so a file
+  of the view after the cursor is in no ``W`` record yet and every file up to it is in one
+  (or was deleted); ``done`` counts the files the group finished. A group
+  name is 1-64 of ``[A-Za-z0-9._-]`` (no NUL: it ends at the ``\\0`` before the key).
 - ``E`` records exist only for buckets in state "scanning"; each is written before the
   AMQP ack of its message and deleted in the WriteBatch that applies it (so memory stays
   bounded however long a scan takes, and a crash loses none of them).
@@ -499,3 +511,31 @@ def bits_without(bits: bytes, slot: int) -> bytes:
     """``bits`` with ``slot`` cleared (minimal length, as bits_of makes them)."""
     n = int.from_bytes(bits, "little") & ~(1 << slot)
     return n.to_bytes((n.bit_length() + 7) >> 3, "little")
+
+
+# ---- work-queue groups (``G``, ``W``) ---------------------------------------------------------
+
+GROUP_PREFIX = b"G"
+WORK_PREFIX = b"W"
+PENDING, IN_FLIGHT, DONE, FAILED = "pending", "in_flight", "done", "failed"
+
+
+def k_group(vid: str, name: str) -> bytes:
+    return GROUP_PREFIX + bytes.fromhex(vid) + name.encode()
+
+
+def work_prefix(vid: str, name: str) -> bytes:
+    return WORK_PREFIX + bytes.fromhex(vid) + name.encode() + b"\0"
+
+
+def k_work(vid: str, name: str, key: str) -> bytes:
+    return work_prefix(vid, name) + key.encode()
+
+
+def pack_group(fields: dict) -> bytes:
+    return packb(fields)
+
+
+def pack_work(state: str, attempts: int, member: str | None, until: float, version: int,
+              props: dict | None, error: str | None) -> bytes:
+    return packb([state, attempts, member, until, version, props, error])

@@ -187,6 +187,22 @@ class Store:
             b, key = r.split_obj_key(k)
             yield b, key, r.unpackb(v)
 
+    def load_groups(self) -> list[dict]:
+        """The work-queue groups' records (``G``)."""
+        return [r.unpackb(v) for _k, v in self.db.iterator(prefix=r.GROUP_PREFIX)]
+
+    def iter_work(self, vid: str, name: str) -> Iterator[tuple[str, list]]:
+        """(key, record) of every file of a group (``W``), in key order."""
+        prefix = r.work_prefix(vid, name)
+        n = len(prefix)
+        with self.db.iterator(prefix=prefix) as it:
+            for k, v in it:
+                yield k[n:].decode(), r.unpackb(v)
+
+    def get_work(self, vid: str, name: str, key: str) -> list | None:
+        raw = self.db.get(r.k_work(vid, name, key))
+        return None if raw is None else r.unpackb(raw)
+
 
 def _members(it, n: int):
     # keys stay bytes until merged: UTF-8 byte order is code point order

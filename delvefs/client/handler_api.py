@@ -232,6 +232,57 @@ def handoff_request(bucket: str, to: str, proof: dict[str, str]) -> ApiRequest:
                       body={"bucket": bucket, "to": to, "proof": proof}, bucket=bucket)
 
 
+def _group_path(view_id: str, group: str, tail: str = "") -> str:
+    return f"/v1/views/{view_id}/groups/{urllib.parse.quote(group, safe='')}{tail}"
+
+
+def group_join_request(view_id: str, group: str, member: str, *, existing: bool = False,
+                       lease: float | None = None, max_failures: int | None = None,
+                       client: str = "") -> ApiRequest:
+    """Join a work-queue group of a view (the first join makes it with ``lease`` and
+    ``max_failures``; later ones get its settings): ``{"group", "view", "member", "lease",
+    "max_failures"}``. ``existing``: the view's files the group has not seen become work too."""
+    body = {"member": member, "existing": existing, "client": client}
+    if lease is not None:
+        body["lease"] = lease
+    if max_failures is not None:
+        body["max_failures"] = max_failures
+    return ApiRequest("POST", _group_path(view_id, group, "/members"), f"joining group {group}", body=body,
+                      view=view_id)
+
+
+def group_leave_request(view_id: str, group: str, member: str) -> ApiRequest:
+    """Leave a group: the files the member holds go to the others (``{"released": n}``)."""
+    return ApiRequest("DELETE", _group_path(view_id, group, f"/members/{urllib.parse.quote(member, safe='')}"),
+                      f"leaving group {group}", view=view_id)
+
+
+def group_claim_request(view_id: str, group: str, member: str, n: int, wait: float) -> ApiRequest:
+    """Up to ``n`` files, each in flight at the member for a lease, waiting up to ``wait``
+    seconds for one: ``{"files": [{"key", "version", "attempt", "until", "object"}], "lease"}``."""
+    return ApiRequest("POST", _group_path(view_id, group, "/claim"), f"claiming files of group {group}",
+                      body={"member": member, "max": n, "wait": wait}, timeout=wait + 30, view=view_id)
+
+
+def group_renew_request(view_id: str, group: str, member: str) -> ApiRequest:
+    """Renew the member's leases: ``{"held": [keys], "lease"}``."""
+    return ApiRequest("POST", _group_path(view_id, group, "/renew"), f"renewing leases in group {group}",
+                      body={"member": member}, view=view_id)
+
+
+def group_done_request(view_id: str, group: str, member: str, key: str, ok: bool,
+                       error: str | None = None) -> ApiRequest:
+    """The member is done with ``key`` (``ok``: acknowledged; else a failed attempt):
+    ``{"key", "state"}``."""
+    return ApiRequest("POST", _group_path(view_id, group, "/done"), f"finishing {key} in group {group}",
+                      body={"member": member, "key": key, "ok": ok, "error": error}, view=view_id)
+
+
+def group_status_request(view_id: str, group: str) -> ApiRequest:
+    """A group's members, files in flight, done, failed (with the failed files) and backlog."""
+    return ApiRequest("GET", _group_path(view_id, group), f"status of group {group}", view=view_id)
+
+
 def stream_changes(lines: Iterable[str]) -> Iterator[dict]:
     """The changes in the lines of a change stream (server-sent events), in order;
     raises :class:`Resync` where the handler sends ``event: resync``."""
@@ -525,6 +576,27 @@ class HandlerOperations:
     def lookup(self, bucket: str, key: str):
         """The handler's record of one object, or None."""
         return self._call(lookup_request(bucket, key))
+
+    def group_join(self, view_id: str, group: str, member: str, **options):
+        """See :func:`group_join_request`."""
+        return self._call(group_join_request(view_id, group, member, **options))
+
+    def group_leave(self, view_id: str, group: str, member: str):
+        return self._call(group_leave_request(view_id, group, member))
+
+    def group_claim(self, view_id: str, group: str, member: str, n: int = 1, wait: float = 20.0):
+        """See :func:`group_claim_request`."""
+        return self._call(group_claim_request(view_id, group, member, n, wait))
+
+    def group_renew(self, view_id: str, group: str, member: str):
+        return self._call(group_renew_request(view_id, group, member))
+
+    def group_done(self, view_id: str, group: str, member: str, key: str, ok: bool = True,
+                   error: str | None = None):
+        return self._call(group_done_request(view_id, group, member, key, ok, error))
+
+    def group_status(self, view_id: str, group: str):
+        return self._call(group_status_request(view_id, group))
 
     def metrics(self):
         """The Prometheus text (sharded: {shard: text})."""

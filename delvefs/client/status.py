@@ -7,7 +7,8 @@
   the cache.
 - ``delvefs status --handler [URL]`` asks the handler (``GET /v1/status`` through
   delvefs/client/handler_api.py, with the principal's token): its event source and lag,
-  buckets with the progress of a listing under way, views, dead letters.
+  buckets with the progress of a listing under way, views, work-queue groups (members,
+  files in flight, done, failed, backlog), dead letters.
 
 ``--json`` prints the answer as it is (one JSON document); otherwise a few short tables.
 Exit status 0, or 1 with a one-line error when the mount or handler cannot be asked.
@@ -134,11 +135,26 @@ def format_handler(s: dict) -> str:
              for v in s["views"]]
     lines.append(_table(vrows, ["VIEW ID", "BUCKET", "ROOT", "STATE", "CLIENTS"]) if vrows
                  else "views: none you may read")
+    lines += ["", format_groups(s.get("groups", []))]
     dl = s["dead_letters"]
     lines += ["", f"dead letters: {dl['count']}"]
     for d in dl["recent"]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["time"]))
         lines.append(f"  {when} {d['bucket'] or '-'}: {d['reason']}")
+    return "\n".join(lines)
+
+
+def format_groups(groups: list[dict]) -> str:
+    """Work-queue groups: members, files in flight, done, failed, backlog; the failed files."""
+    if not groups:
+        return "groups: none you may read"
+    rows = [[g["name"], g["view"], str(len(g["members"])), str(g["in_flight"]), str(g["done"]),
+             str(g["failed"]), str(g["backlog"])] for g in groups]
+    lines = [_table(rows, ["GROUP", "VIEW ID", "MEMBERS", "IN FLIGHT", "DONE", "FAILED", "BACKLOG"])]
+    for g in groups:
+        for f in g["failed_files"]:
+            lines.append(f"  failed in {g['name']}: {f['key']} after {f['attempts']} attempts"
+                         + (f" ({f['error']})" if f.get("error") else ""))
     return "\n".join(lines)
 
 

@@ -24,55 +24,23 @@ of paths. (The mount meanwhile serves its last listing: ``user.delvefs.stale``.)
 """
 from __future__ import annotations
 
-import errno
-import json
 import logging
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..shared.config import handler_token
-from .fs.inodes import layout_values, relative_path, unshowable_values, value_dir
+from .fs.inodes import layout_values, relative_path, unshowable_values
 from .handler_api import HandlerError, HandlerUnavailable, Resync, SyncHandlerClient
+from .viewdir import RETRY_MAX, SYNC_XATTR, ViewInfo, WatchError, locate
+from .workgroup import GroupMember
 
 log = logging.getLogger("delvefs.client.watch")
-VIEW_XATTR = "user.delvefs.view"
-SYNC_XATTR = "user.delvefs.sync"
 PAGE = 5000
-RETRY_MAX = 2.0
 # longer than the handler's keepalives on the change stream (every 15 s)
 STREAM_READ_TIMEOUT = 45.0
-
-
-class WatchError(Exception):
-    """Something the user must fix (not a view directory, mount gone): one line, exit 1."""
-
-
-@dataclass(frozen=True)
-class ViewInfo:
-    id: str
-    name: str
-    handler: str  # its URLs, or the shard map
-    root: str
-    layout: str
-    layout_by: tuple[str, ...] | None = None  # layout "by": the property of each directory level
-    bucket: str | None = None  # where a sharded client sends the view's requests
-
-    @classmethod
-    def of(cls, view_dir: Path) -> "ViewInfo":
-        try:
-            raw = os.getxattr(view_dir, VIEW_XATTR)
-        except OSError as exc:
-            if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.ENOENT):
-                raise WatchError(f"{view_dir} is not a view directory of a DelveFS mount") from None
-            raise WatchError(f"{view_dir}: {exc.strerror}") from None
-        info = json.loads(raw)
-        by = info.get("layout_by")
-        return cls(info["id"], info["name"], info["handler"], info["root"], info["layout"],
-                   tuple(by) if by else None, info.get("bucket"))
 
 
 class Watcher:
@@ -117,13 +85,7 @@ class Watcher:
         self.out.flush()
 
     def locate(self, rel: str, props: dict | None) -> Path:
-        """Where the mount shows the file named ``rel``: in a layout by properties (flat
-        names one directory level per property down), below the directories of its values,
-        which the handler's listings and changes carry (``props``)."""
-        by = self.view.layout_by
-        if not by:
-            return self.view_dir / rel
-        return self.view_dir.joinpath(*(value_dir(v) for v in layout_values(by, props or {})), rel)
+        return locate(self.view_dir, self.view, rel, props)
 
     def apply(self, change: dict) -> None:
         key = change["key"]
@@ -215,7 +177,14 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `watch | head` ends quietly
     try:
-        Watcher(Path(args.view_dir), sys.stdout, token=handler_token()).run(args.existing)
+        if args.group is not None:
+            GroupMember(Path(args.view_dir), args.group, sys.stdout, token=handler_token(),
+                        command=args.exec, jobs=args.jobs, lease=args.lease,
+                        max_failures=args.max_failures).run(args.existing)
+        elif args.exec is not None:
+            raise WatchError("--exec runs a command per file of a group: give --group NAME")
+        else:
+            Watcher(Path(args.view_dir), sys.stdout, token=handler_token()).run(args.existing)
     except WatchError as exc:
         print(f"delvefs watch: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,247 @@
+"""``delvefs watch MOUNT/VIEW --group NAME [--exec CMD [-j K]]``: one member of a
+work-queue group of the view (the handler's side: eventhandler/groups.py).
+
+Each file that appears in the view goes to one member of the group. This member claims
+files from the handler (a long poll), holds each for a lease that it renews while it works,
+and reports each as done or failed:
+
+- without ``--exec`` it prints each file's path, one a line, and acknowledges the file once
+  printed: a reader of the lines that dies loses what it read;
+- with ``--exec CMD`` it runs ``CMD`` per file (``{}`` is the path, quoted for ``sh``;
+  without ``{}`` the path is the last argument), up to ``K`` at a time, and acknowledges the
+  file when the command exits 0; any other status is a failed attempt. The command gets
+  ``DELVEFS_GROUP_KEY`` (the object key), ``DELVEFS_GROUP_ATTEMPT`` (1 for the first) and
+  ``DELVEFS_GROUP_MEMBER``. Commands run in this process's process group.
+
+Before a path is printed or a command started, the mount is asked to catch up to the
+file's version (``user.delvefs.sync``), as ``delvefs watch`` does, so the path opens at once.
+The member follows the handler as ``watch`` does (every URL of the mount, standbys
+included; retries while none answers). On SIGTERM or SIGINT it stops its commands and
+leaves the group: the files it held go to the other members, no attempt counted.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import socket
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+
+from .fs.inodes import relative_path
+from .handler_api import HandlerError, HandlerUnavailable, SyncHandlerClient
+from .viewdir import RETRY_MAX, SYNC_XATTR, ViewInfo, WatchError, locate
+
+log = logging.getLogger("delvefs.client.watch")
+CLAIM_WAIT = 20.0  # seconds a claim waits for a file before it is asked again
+
+
+class GroupMember:
+    def __init__(self, view_dir: Path, group: str, out, *, token: str | None, command: str | None,
+                 jobs: int = 1, lease: float | None = None, max_failures: int | None = None):
+        if jobs < 1:
+            raise WatchError("-j must be 1 or more")
+        self.view_dir = view_dir
+        self.view = ViewInfo.of(view_dir)
+        self.group = group
+        self.out = out
+        self.command = command
+        self.jobs = jobs if command else 1
+        self.lease_wanted, self.max_failures = lease, max_failures
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # long polls on one client; renewals and reports from the other threads on another
+        self.claims = SyncHandlerClient(self.view.handler, token, timeout=60)
+        self.control = SyncHandlerClient(self.view.handler, token, timeout=30)
+        self.control_lock = threading.Lock()
+        self.slots = threading.Semaphore(self.jobs)
+        self.lease = 60.0
+        self.held: dict[str, subprocess.Popen | None] = {}  # keys in flight here (their commands)
+        self.held_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.outage: str | None = None
+
+    # --- the handler ---------------------------------------------------------------------------
+
+    def _control(self, call, *args, **kw):
+        with self.control_lock:
+            return call(*args, **kw)
+
+    def unreachable(self, exc: HandlerError) -> None:
+        if self.outage is None:
+            log.warning("event handler unreachable (%s): retrying", exc)
+        self.outage = str(exc)
+
+    def answered(self) -> None:
+        if self.outage is not None:
+            log.warning("event handler answers again")
+            self.outage = None
+
+    def until_answered(self, request):
+        """``request()``'s answer, asked again after a growing delay while the handler does
+        not answer; a refusal (403, 404 ...) is the user's to fix."""
+        delay = 0.1
+        while True:
+            try:
+                answer = request()
+            except HandlerUnavailable as exc:
+                self.unreachable(exc)
+            except HandlerError as exc:
+                if exc.status in (401, 403):
+                    raise WatchError(f"handler refused group {self.group} of view {self.view.name}: {exc}") from None
+                raise
+            else:
+                self.answered()
+                return answer
+            if not self.view_dir.is_dir():
+                raise WatchError(f"{self.view_dir} is gone (unmounted?)")
+            if self.stopping.wait(delay):
+                raise WatchError("stopped")
+            delay = min(delay * 2, RETRY_MAX)
+
+    def join(self, existing: bool) -> None:
+        try:
+            answer = self.until_answered(lambda: self.claims.group_join(
+                self.view.id, self.group, self.id, existing=existing, lease=self.lease_wanted,
+                max_failures=self.max_failures, client=f"{socket.gethostname()}:{os.getpid()}"))
+        except HandlerError as exc:
+            raise WatchError(f"handler refused group {self.group} of view {self.view.name}: {exc}") from None
+        self.lease = answer["lease"]
+
+    # --- files ---------------------------------------------------------------------------------
+
+    def claim(self, n: int) -> list[dict]:
+        try:
+            return self.until_answered(lambda: self.claims.group_claim(
+                self.view.id, self.group, self.id, n, CLAIM_WAIT))["files"]
+        except HandlerError as exc:
+            if exc.status != 404:
+                raise WatchError(f"claiming files of group {self.group}: {exc}") from None
+            log.warning("the handler does not know group %s (any more): joining it again", self.group)
+            self.join(existing=False)
+            return []
+
+    def finish(self, key: str, ok: bool, error: str | None = None) -> None:
+        """Report the file's end until the handler has it."""
+        try:
+            state = self.until_answered(lambda: self._control(
+                self.control.group_done, self.view.id, self.group, self.id, key, ok, error))["state"]
+        except (HandlerError, WatchError) as exc:
+            log.warning("could not report %s as %s: %s", key, "done" if ok else "failed", exc)
+            return
+        if not ok:
+            log.warning("%s failed (%s): now %s", key, error, state.replace("_", " "))
+
+    def path_of(self, f: dict) -> Path:
+        return locate(self.view_dir, self.view, relative_path(self.view, f["key"]),
+                      f["object"].get("properties"))
+
+    def catch_up_mount(self, version: int) -> None:
+        try:
+            os.setxattr(self.view_dir, SYNC_XATTR, str(version).encode())
+        except OSError as exc:
+            log.warning("the mount did not catch up to version %d (%s)", version, exc.strerror)
+
+    def run_command(self, f: dict, path: Path) -> None:
+        quoted = shlex.quote(str(path))
+        line = self.command.replace("{}", quoted) if "{}" in self.command else f"{self.command} {quoted}"
+        env = {**os.environ, "DELVEFS_GROUP_KEY": f["key"], "DELVEFS_GROUP_ATTEMPT": str(f["attempt"]),
+               "DELVEFS_GROUP_MEMBER": self.id}
+        try:
+            try:
+                proc = subprocess.Popen(["/bin/sh", "-c", line], env=env, stdin=subprocess.DEVNULL)
+            except OSError as exc:
+                self.finish(f["key"], False, f"could not start the command: {exc}")
+                return
+            with self.held_lock:
+                self.held[f["key"]] = proc
+            status = proc.wait()
+            if not self.stopping.is_set():
+                self.finish(f["key"], status == 0, None if status == 0 else f"exit status {status}")
+        finally:
+            with self.held_lock:
+                self.held.pop(f["key"], None)
+            self.slots.release()
+
+    def hand_out(self, files: list[dict]) -> None:
+        self.catch_up_mount(max(f["version"] for f in files))
+        for f in files:
+            path = self.path_of(f)
+            if self.command is None:
+                self.out.write(f"{path}\n")
+                self.out.flush()
+                self.finish(f["key"], True)
+                self.slots.release()
+            else:
+                with self.held_lock:
+                    self.held[f["key"]] = None
+                threading.Thread(target=self.run_command, args=(f, path), daemon=True,
+                                 name=f"delvefs-group-{f['key'][:40]}").start()
+
+    # --- leases --------------------------------------------------------------------------------
+
+    def renew_loop(self) -> None:
+        """Renew the leases of the files in flight here while they run."""
+        while not self.stopping.wait(self.lease / 3):
+            with self.held_lock:
+                if not self.held:
+                    continue
+            try:
+                held = set(self._control(self.control.group_renew, self.view.id, self.group, self.id)["held"])
+            except HandlerError as exc:
+                if isinstance(exc, HandlerUnavailable):
+                    self.unreachable(exc)
+                continue
+            self.answered()
+            with self.held_lock:
+                lost = [k for k in self.held if k not in held]
+            for key in lost:
+                log.warning("lost the lease of %s (it may be given to another member)", key)
+
+    # --- the member ------------------------------------------------------------------------------
+
+    def take_slots(self) -> int:
+        """Wait for a free slot; take every free one (how many)."""
+        while not self.slots.acquire(timeout=1.0):
+            if self.stopping.is_set():
+                raise WatchError("stopped")
+        n = 1
+        while n < self.jobs and self.slots.acquire(blocking=False):
+            n += 1
+        return n
+
+    def run(self, existing: bool) -> None:
+        self.join(existing)
+        # scripts may wait for this line
+        log.info("member %s of group %s of view %s: waiting for files", self.id, self.group, self.view.name)
+        threading.Thread(target=self.renew_loop, daemon=True, name="delvefs-group-renew").start()
+        try:
+            while True:
+                n = self.take_slots()
+                files = self.claim(n)
+                for _ in range(n - len(files)):
+                    self.slots.release()
+                if files:
+                    self.hand_out(files)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the commands and leave the group (the files held here go to the others)."""
+        self.stopping.set()
+        with self.held_lock:
+            procs = [p for p in self.held.values() if p is not None]
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        try:
+            self._control(self.control.group_leave, self.view.id, self.group, self.id)
+        except HandlerError as exc:
+            log.warning("could not leave group %s (%s): its files come back after their leases", self.group, exc)
+        self.claims.close()
+        self.control.close()

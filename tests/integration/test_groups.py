@@ -1,0 +1,286 @@
+"""Work-queue groups on real MinIO, RabbitMQ, handlers and mounts: `delvefs watch --group
+G --exec CMD` members share a view's files — each file processed once; a member SIGKILLed
+mid-file loses its file to another; a file whose command always fails is set aside after N
+attempts; a handler restart and a standby takeover in the middle lose nothing; a principal
+without the view's grant cannot join."""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from delvefs.client.handler_api import HandlerError, SyncHandlerClient
+from eventhandler.auth import add_principal
+from eventhandler.devtools import HandlerGroup
+
+from ..conftest import service_unavailable
+from ..waiting import wait_until
+from .mounts import DELVEFS, Mounts, fuse_available
+
+pytestmark = [pytest.mark.services, pytest.mark.fuse]
+
+FILES = 200
+LEASE = 2.0        # short: a dead member's file goes to another within seconds
+MAX_FAILURES = 3
+MEMBERS = 3
+JOBS = 2
+DONE_TIMEOUT = 180.0  # bound on 200 files through 3 members (a loaded machine)
+
+# The members' command: reads the file through the mount, logs "KEY MEMBER" when done.
+# Its first attempt at a "slow" file says so and hangs (until its member is killed); a
+# "bad" file always fails.
+WORK = """#!/bin/sh
+set -e
+log=$1 path=$2
+echo "$DELVEFS_GROUP_KEY $DELVEFS_GROUP_ATTEMPT" >> "$log.attempts"
+head -c 1 "$path" > /dev/null
+case "$DELVEFS_GROUP_KEY" in
+  *slow*) if [ "$DELVEFS_GROUP_ATTEMPT" = 1 ]; then echo "$DELVEFS_GROUP_MEMBER" > "$log.slow"; exec sleep 600; fi ;;
+  *bad*) exit 7 ;;
+esac
+echo "$DELVEFS_GROUP_KEY $DELVEFS_GROUP_MEMBER" >> "$log"
+"""
+
+
+def views(bucket: str) -> str:
+    return f"""
+    fastq:
+      bucket: {bucket}
+      object: "runs/*.fastq"
+      root: "runs/"
+      ttl: 30s
+    """
+
+
+class Stack:
+    """Handlers (a principals file with ``bob`` besides the token's ``default``), a mount
+    whose handler URLs name all of them, and group members."""
+
+    def __init__(self, services, service_env, s3, bucket, tmp_path):
+        if not fuse_available():
+            service_unavailable("/dev/fuse or fusermount3 missing")
+        self.s3, self.bucket, self.tmp = s3, bucket, tmp_path
+        self.state = tmp_path / "handler-state"
+        self.bob = add_principal(self.state / "principals.json", "bob")
+        self.handlers = HandlerGroup(service_env, services.rabbit.url)
+        self.active = self.handlers.start(self.state)
+        self.standby = None
+        self.mounts = None
+        self.members: list[subprocess.Popen] = []
+        self.log = tmp_path / "done.log"
+        self.work = tmp_path / "work.sh"
+        self.work.write_text(WORK)
+
+    def mount(self, urls: str):
+        env = {**os.environ, **self.handlers.env, "DELVEFS_HANDLER_URL": urls,
+               "DELVEFS_HANDLER_TOKEN": self.active.token,
+               "DELVEFS_STATE_HOME": str(self.tmp / "state")}
+        self.mounts = Mounts(self.tmp, env)
+        self.view_dir = self.mounts.mount(views(self.bucket)) / "fastq"
+        return self.view_dir
+
+    def member(self, *extra, env=None) -> subprocess.Popen:
+        """A member running the work command, in a process group of its own (a SIGKILL of
+        the group is a dead node: the member and its commands)."""
+        errors = open(self.tmp / f"member-{len(self.members)}.err", "w+")
+        proc = subprocess.Popen(
+            [DELVEFS, "watch", str(self.view_dir), "--group", "align",
+             "--exec", f"sh {self.work} {self.log} {{}}", "-j", str(JOBS),
+             "--lease", str(LEASE), "--max-failures", str(MAX_FAILURES), *extra],
+            env=env or self.mounts.env, stdout=subprocess.DEVNULL, stderr=errors,
+            start_new_session=True)
+        proc.errors = errors
+        self.members.append(proc)
+        wait_until(lambda: "waiting for files" in self.stderr(proc) or proc.poll() is not None,
+                   60, "the member to join")
+        assert proc.poll() is None, self.stderr(proc)
+        return proc
+
+    @staticmethod
+    def stderr(proc) -> str:
+        proc.errors.seek(0)
+        return proc.errors.read()
+
+    def put(self, names) -> None:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda n: self.s3.put_object(Bucket=self.bucket, Key=f"runs/{n}",
+                                                       Body=b"@r\nACGT\n+\nIIII\n"), names))
+
+    def done(self) -> collections.Counter:
+        """How often each key was processed to the end (by the log), and by whom."""
+        if not self.log.exists():
+            return collections.Counter()
+        return collections.Counter(line.split()[0] for line in self.log.read_text().splitlines())
+
+    def done_by(self, key: str) -> list[str]:
+        return [line.split()[1] for line in self.log.read_text().splitlines() if line.split()[0] == key]
+
+    def group(self, token=None) -> dict:
+        with SyncHandlerClient(self.mounts.env["DELVEFS_HANDLER_URL"], token or self.active.token) as api:
+            return api.group_status(self.view_id(), "align")
+
+    def view_id(self) -> str:
+        import json
+        return json.loads(os.getxattr(self.view_dir, "user.delvefs.view"))["id"]
+
+    def close(self) -> None:
+        for proc in self.members:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            proc.errors.close()
+        if self.mounts is not None:
+            self.mounts.cleanup()
+        self.handlers.close()
+
+
+@pytest.fixture
+def stack(services, service_env, s3, bucket, tmp_path):
+    st = Stack(services, service_env, s3, bucket, tmp_path)
+    yield st
+    st.close()
+
+
+def names(n: int, prefix: str = "f") -> list[str]:
+    return [f"{prefix}{i:04d}.fastq" for i in range(n)]
+
+
+def wait_all_done(stack: Stack, keys: set[str], what: str) -> collections.Counter:
+    wait_until(lambda: keys <= set(stack.done()), DONE_TIMEOUT, what, interval=0.1)
+    wait_until(lambda: stack.group()["done"] >= len(keys), 30, "the acknowledgements")
+    return stack.done()
+
+
+def test_each_file_goes_to_one_member_once(stack):
+    stack.mount(stack.active.url)
+    for _ in range(MEMBERS):
+        stack.member()
+    stack.put(names(FILES))
+    keys = {f"runs/{n}" for n in names(FILES)}
+    done = wait_all_done(stack, keys, "every file processed")
+    assert set(done) == keys and set(done.values()) == {1}
+    group = stack.group()
+    assert (group["done"], group["failed"], group["in_flight"], group["backlog"]) == (FILES, 0, 0, 0)
+    assert len(group["members"]) == MEMBERS
+
+
+def test_a_killed_members_file_is_done_by_another_and_nothing_is_lost(stack):
+    stack.mount(stack.active.url)
+    members = [stack.member() for _ in range(MEMBERS)]
+    files = names(FILES)
+    files[FILES // 2] = "slow.fastq"
+    stack.put(files)
+    slow = stack.tmp / "done.log.slow"
+    holder = wait_until(lambda: slow.exists() and slow.read_text().strip(), DONE_TIMEOUT,
+                        "a member to start on the slow file")
+    victim = next(m for m in members if f":{m.pid}:" in holder)
+    os.killpg(victim.pid, signal.SIGKILL)  # mid-file: its command hangs in its first attempt
+    victim.wait(10)
+    keys = {f"runs/{n}" for n in files}
+    done = wait_all_done(stack, keys, "every file processed, the slow one by another member")
+    assert set(done) == keys and set(done.values()) == {1}
+    assert stack.done_by("runs/slow.fastq") != [holder]
+    group = stack.group()
+    assert (group["done"], group["failed"], group["in_flight"]) == (FILES, 0, 0)
+
+
+def test_a_file_that_always_fails_is_set_aside_after_n_attempts(stack):
+    stack.mount(stack.active.url)
+    stack.member()
+    stack.member()
+    stack.put(["bad.fastq", *names(5)])
+    wait_until(lambda: stack.group()["failed"] == 1, DONE_TIMEOUT, "the bad file set aside")
+    wait_until(lambda: stack.group()["done"] == 5, DONE_TIMEOUT, "the good files done")
+    group = stack.group()
+    assert group["failed_files"][0]["key"] == "runs/bad.fastq"
+    assert group["failed_files"][0]["attempts"] == MAX_FAILURES
+    assert "exit status 7" in group["failed_files"][0]["error"]
+    attempts = [line for line in (stack.tmp / "done.log.attempts").read_text().splitlines()
+                if line.startswith("runs/bad.fastq ")]
+    assert [line.split()[1] for line in attempts] == ["1", "2", "3"]
+    # `delvefs status --handler` shows the group and its failed file
+    r = stack.mounts.run("status", "--handler")
+    assert r.returncode == 0, r.stderr
+    assert "align" in r.stdout and "runs/bad.fastq" in r.stdout, r.stdout
+
+
+def test_a_standby_takeover_and_a_handler_restart_lose_nothing(stack):
+    stack.standby = stack.handlers.start(stack.state, standby=True, queue=stack.active.queue)
+    stack.mount(f"{stack.active.url},{stack.standby.url}")
+    for _ in range(MEMBERS):
+        stack.member()
+    files = names(FILES)
+    keys = {f"runs/{n}" for n in files}
+    writer = threading.Thread(target=stack.put, args=(files,))
+    writer.start()
+    try:
+        wait_until(lambda: len(stack.done()) >= FILES // 4, DONE_TIMEOUT, "a quarter of the files done")
+        stack.active.kill()  # the standby takes over
+        wait_until(lambda: stack.standby.role() == "active", 60, "the standby to take over")
+        wait_until(lambda: len(stack.done()) >= FILES // 2, DONE_TIMEOUT, "half of the files done")
+        stack.standby.stop()  # a restart on the same state directory
+        stack.standby.start()
+    finally:
+        writer.join()
+    done = wait_all_done(stack, keys, "every file processed after the takeover and the restart")
+    assert set(done) == keys
+    # at most the files in flight at each of the two moments: members x jobs each
+    duplicates = sum(n - 1 for n in done.values())
+    assert duplicates <= 2 * MEMBERS * JOBS, done.most_common(5)
+
+
+def test_another_principal_cannot_join_or_read_the_group(stack):
+    stack.mount(stack.active.url)
+    stack.member()
+    with SyncHandlerClient(stack.active.url, stack.bob) as bob:
+        with pytest.raises(HandlerError) as refused:
+            bob.group_join(stack.view_id(), "align", "bob-1")
+        assert refused.value.status == 404
+        with pytest.raises(HandlerError) as refused:
+            bob.group_claim(stack.view_id(), "align", "bob-1", wait=0)
+        assert refused.value.status == 404
+        assert bob.status()["groups"] == []
+    r = subprocess.run([DELVEFS, "watch", str(stack.view_dir), "--group", "align"],
+                       env={**stack.mounts.env, "DELVEFS_HANDLER_TOKEN": stack.bob},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "refused group align" in r.stderr, r.stderr
+    assert stack.group()["members"][0]["id"].count(":") == 2  # the one member is still alone
+    assert len(stack.group()["members"]) == 1
+
+
+def test_a_member_without_exec_prints_each_file_to_one_reader(stack):
+    stack.put(["old-1.fastq", "old-2.fastq"])
+    view_dir = stack.mount(stack.active.url)
+    outputs = []
+    for _ in range(2):  # the first makes the group with the files already there
+        out = open(stack.tmp / f"paths-{len(outputs)}.txt", "w+")
+        errors = open(stack.tmp / f"print-{len(outputs)}.err", "w+")
+        proc = subprocess.Popen([DELVEFS, "watch", str(view_dir), "--group", "count", "--existing"],
+                                env=stack.mounts.env, stdout=out, stderr=errors, start_new_session=True)
+        proc.errors = errors
+        stack.members.append(proc)
+        outputs.append(out)
+    stack.put([f"new-{i}.fastq" for i in range(6)])
+
+    def printed() -> list[str]:
+        lines = []
+        for out in outputs:
+            out.seek(0)
+            lines += out.read().splitlines()
+        return lines
+    wait_until(lambda: len(printed()) >= 8, DONE_TIMEOUT, "every file printed")
+    lines = printed()
+    assert sorted(lines) == sorted(str(view_dir / n) for n in
+                                   ["old-1.fastq", "old-2.fastq", *(f"new-{i}.fastq" for i in range(6))])
+    for path in lines:  # each printed path opens at once (the view's ttl is 30 s)
+        with open(path, "rb") as f:
+            assert f.read(1) == b"@"
+    with SyncHandlerClient(stack.active.url, stack.active.token) as api:
+        wait_until(lambda: api.group_status(stack.view_id(), "count")["done"] == 8, 30, "all acknowledged")
+    for out in outputs:
+        out.close()
