@@ -138,7 +138,7 @@ def run(args) -> int:
         lock.record_holder(f"{host}:{port}")
         store = Store(str(state_dir / "leveldb"))
         stack.callback(store.close)
-        metrics = Metrics()
+        metrics = Metrics(shard=config.shard())
         fatal: list[str] = []  # why the handler must stop (its state cannot be written)
 
         def stop_for(reason: str) -> None:  # any thread

@@ -24,6 +24,8 @@ Listings and changes are requested as msgpack, other answers as JSON. Errors:
 from __future__ import annotations
 
 import json
+import sys
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
 
@@ -31,6 +33,7 @@ import httpx
 import msgpack
 
 from ..shared.config import handler_ca, handler_urls
+from ..shared.histogram import Timings
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -63,14 +66,15 @@ class ApiRequest:
     """One request of the API, and how its answer is read. (A plain class: making a
     dataclass would add ~1.5 ms to every mount's start.)"""
 
-    __slots__ = ("method", "path", "what", "params", "body", "headers", "timeout",
+    __slots__ = ("method", "path", "what", "kind", "params", "body", "headers", "timeout",
                  "answer_field", "absent_is_none", "text")
 
-    def __init__(self, method: str, path: str, what: str, *, params: dict | None = None,
+    def __init__(self, method: str, path: str, what: str, kind: str, *, params: dict | None = None,
                  body: object = None, headers: dict | None = None, timeout: float | None = None,
                  answer_field: str | None = None, absent_is_none: bool = False, text: bool = False):
         self.method, self.path = method, path
         self.what = what                  # names the request in error messages
+        self.kind = kind                  # names the endpoint in the mount's metrics
         self.params = params
         self.body = body                  # sent as JSON
         self.headers = {"Accept": JSON} if headers is None else headers
@@ -126,36 +130,36 @@ def unreachable(base_url: str, exc: httpx.HTTPError) -> HandlerUnavailable:
 
 
 def health_request(timeout: float | None = None) -> ApiRequest:
-    return ApiRequest("GET", "/healthz", "health", timeout=timeout)
+    return ApiRequest("GET", "/healthz", "health", "health", timeout=timeout)
 
 
 def metrics_request() -> ApiRequest:
-    return ApiRequest("GET", "/metrics", "metrics", headers={}, text=True)
+    return ApiRequest("GET", "/metrics", "metrics", "metrics", headers={}, text=True)
 
 
 def status_request() -> ApiRequest:
     """What the handler is doing, as far as this principal may see it: its event source
     and lag, buckets (scan progress), views, dead letters (docs/API.md, ``GET /v1/status``)."""
-    return ApiRequest("GET", "/v1/status", "handler status")
+    return ApiRequest("GET", "/v1/status", "handler status", "status")
 
 
 def register_request(client: str, views: list[dict], proof: dict[str, str]) -> ApiRequest:
     """``views``: [{"name", "spec"}]; ``proof``: {bucket: presigned ListObjectsV2 URL}."""
-    return ApiRequest("POST", "/v1/views", "registering views",
+    return ApiRequest("POST", "/v1/views", "registering views", "register",
                       body={"client": client, "views": views, "proof": proof}, answer_field="views")
 
 
 def unregister_request(view_id: str) -> ApiRequest:
     """Drop this principal's registration of a view (the handler forgets a view with its
     last registration); a view the handler does not hold for this principal answers None."""
-    return ApiRequest("DELETE", f"/v1/views/{view_id}", f"unregistering view {view_id}",
+    return ApiRequest("DELETE", f"/v1/views/{view_id}", f"unregistering view {view_id}", "unregister",
                       absent_is_none=True)
 
 
 def proofs_request(proof: dict[str, str | list[str]]) -> ApiRequest:
     """Fresh proofs, ``{bucket: presigned ListObjectsV2 URL or [URL, ...]}``, renewing this
     principal's grants before they expire."""
-    return ApiRequest("POST", "/v1/proofs", "presenting proofs", body={"proof": proof},
+    return ApiRequest("POST", "/v1/proofs", "presenting proofs", "proofs", body={"proof": proof},
                       answer_field="grants")
 
 
@@ -174,7 +178,7 @@ def list_request(view_id: str, after: str | None, limit: int, wait: float | None
         params["wait"] = wait
     if after is not None:
         params["after"] = after
-    return ApiRequest("GET", f"/v1/views/{view_id}/objects", f"listing view {view_id}",
+    return ApiRequest("GET", f"/v1/views/{view_id}/objects", f"listing view {view_id}", "list",
                       params=params, headers={"Accept": f"{MSGPACK}, {JSON}"})
 
 
@@ -182,19 +186,19 @@ def changes_request(view_id: str, since: int, limit: int, wait: float = 0) -> Ap
     params = {"since": since, "limit": limit}
     if wait:
         params["wait"] = wait
-    return ApiRequest("GET", f"/v1/views/{view_id}/changes", f"changes of view {view_id}",
+    return ApiRequest("GET", f"/v1/views/{view_id}/changes", f"changes of view {view_id}", "changes",
                       params=params, headers={"Accept": f"{MSGPACK}, {JSON}"})
 
 
 def lookup_request(bucket: str, key: str) -> ApiRequest:
     path = f"/v1/objects/{urllib.parse.quote(bucket, safe='')}/{urllib.parse.quote(key, safe='')}"
-    return ApiRequest("GET", path, f"looking up {bucket}/{key}", absent_is_none=True)
+    return ApiRequest("GET", path, f"looking up {bucket}/{key}", "lookup", absent_is_none=True)
 
 
 def stream_request(view_id: str, since: int) -> ApiRequest:
     """The change stream after version ``since``: a reconnecting client passes the last
     version it saw (``Last-Event-ID``, as browsers do; ``since`` for the first connect)."""
-    return ApiRequest("GET", f"/v1/views/{view_id}/stream", f"change stream of view {view_id}",
+    return ApiRequest("GET", f"/v1/views/{view_id}/stream", f"change stream of view {view_id}", "stream",
                       params={"since": since},
                       headers={"Accept": "text/event-stream", "Last-Event-ID": str(since)})
 
@@ -285,6 +289,10 @@ class Attempts:
 
 
 # ----------------------------------------------------------------- clients
+
+# seconds; a listing held while the handler's first scan runs may take up to half the timeout
+ROUND_TRIP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
 
 def _http_options(base_url: str, token: str | None, timeout: float) -> dict:
     """httpx client options shared by both clients."""
@@ -395,6 +403,8 @@ class HandlerClient(HandlerOperations):
                  reprove=None):
         super().__init__(base_url, token, timeout=timeout)
         self.reprove = reprove
+        # round trips by request kind (ApiRequest.kind), for the mount's metrics
+        self.round_trips = Timings(ROUND_TRIP_BOUNDS)
 
     def _new_client(self, options: dict) -> httpx.AsyncClient:
         return httpx.AsyncClient(**options, limits=httpx.Limits(max_connections=16))
@@ -419,16 +429,21 @@ class HandlerClient(HandlerOperations):
         return await self._answer(request)
 
     async def _answer(self, request: ApiRequest):
-        attempts = self.failover.attempts()
-        for url in attempts:
-            try:
-                resp = await self.client(url).request(**request.httpx_args())
-            except httpx.HTTPError as exc:
-                attempts.failed(url, exc)
-                continue
-            if attempts.answered(resp):
-                return request.answer(resp)
-        return request.answer(attempts.outcome())
+        started = time.perf_counter()
+        try:
+            attempts = self.failover.attempts()
+            for url in attempts:
+                try:
+                    resp = await self.client(url).request(**request.httpx_args())
+                except httpx.HTTPError as exc:
+                    attempts.failed(url, exc)
+                    continue
+                if attempts.answered(resp):
+                    return request.answer(resp)
+            return request.answer(attempts.outcome())
+        finally:
+            self.round_trips.observe(request.kind, time.perf_counter() - started,
+                                     sys.exc_info()[0] is not None)
 
 
 class SyncHandlerClient(HandlerOperations):

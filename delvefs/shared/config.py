@@ -152,6 +152,12 @@ def sqs_dead_letter_queue(flag: str | None = None, env=os.environ) -> str | None
     return flag or env.get("DELVEFS_SQS_DEAD_LETTER_QUEUE") or None
 
 
+def shard(env=os.environ) -> str:
+    """The name of the shard a handler serves, as its metrics show it ($DELVEFS_SHARD;
+    "0": the one handler of a deployment without shards)."""
+    return env.get("DELVEFS_SHARD") or "0"
+
+
 def notify_arn(env=os.environ) -> str:
     return env.get("DELVEFS_NOTIFY_ARN") or DEFAULT_NOTIFY_ARN
 
