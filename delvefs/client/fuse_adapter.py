@@ -22,7 +22,6 @@ import functools
 import logging
 import math
 import os
-import sys
 from time import perf_counter
 
 import pyfuse3
@@ -54,8 +53,11 @@ def _guard(fn):
             log.debug("%s%r", name, args if name != "write" else (args[0], args[1], len(args[2])))
         times = self.request_times
         started = perf_counter() if times is not None else 0.0
+        failed = True
         try:
-            return await fn(self, *args)
+            answer = await fn(self, *args)
+            failed = False
+            return answer
         except pyfuse3.FUSEError:
             raise
         except FsError as exc:
@@ -71,7 +73,7 @@ def _guard(fn):
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             if times is not None:
-                times.observe(name, perf_counter() - started, sys.exc_info()[0] is not None)
+                times.observe(name, perf_counter() - started, failed)
     return wrapper
 
 

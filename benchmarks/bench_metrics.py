@@ -1,0 +1,146 @@
+"""What a mount's metrics cost per FUSE request: the same requests with metrics off and on
+(``--metrics-addr``), in three layers.
+
+    .venv/bin/python -m benchmarks.bench_metrics [--batches N] [--batch N] [--files N] [--rounds R]
+
+* ``adapter``: the FUSE adapter's request wrapper in-process, on a request that does
+  nothing (``access``): the pure Python cost of the timing;
+* ``statfs``: ``statvfs(2)`` on a real mount (every call is a FUSE request the kernel does
+  not cache: a do-nothing request through the kernel);
+* ``untar``: untar of the first ``--files`` files of benchmarks/bench_tree.py's tree into
+  an ``--eager`` mount (request-heavy: lookups, creates, writes, flushes, releases), then
+  ``delvefs sync`` (not timed); ``--rounds`` times.
+
+Two mounts (off, on) run side by side. The requests go in short batches (``--batch``; a
+fifth for statfs), alternating between off and on, ``--batches`` of each: on a machine
+shared with other work (a CPU quota stops a process for whole periods) the fastest batch
+is the undisturbed speed; the median is reported beside it. docs/PERFORMANCE.md,
+"Metrics", has a run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from delvefs.devtools.localservices import LocalServices
+from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
+
+from .bench_mount import DELVEFS, RESULTS, log
+from .bench_tree import BASE, BUCKET, Delve, clear, source_tar, timed
+
+
+def bench_adapter(batches: int, batch: int) -> dict:
+    import trio
+
+    from delvefs.client.fuse_adapter import Adapter
+    from delvefs.client.metrics import request_times
+
+    core = SimpleNamespace(writeback_cache=False, access=lambda ino, mode: None)
+    off, on = Adapter(core), Adapter(core, request_times=request_times())
+
+    async def one(adapter) -> float:
+        access = adapter.access
+        t = time.perf_counter()
+        for _ in range(batch):
+            await access(1, 0, None)
+        return (time.perf_counter() - t) / batch
+
+    async def alternate():
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for _ in range(batches):
+            times["off"].append(await one(off))
+            times["on"].append(await one(on))
+        return times
+    times = trio.run(alternate)
+    return summary("adapter", times["off"], times["on"])
+
+
+def summary(name: str, off: list[float], on: list[float]) -> dict:
+    r = {"off_min_us": min(off) * 1e6, "on_min_us": min(on) * 1e6,
+         "off_median_us": statistics.median(off) * 1e6, "on_median_us": statistics.median(on) * 1e6}
+    r["added_min_us"] = r["on_min_us"] - r["off_min_us"]
+    r["added_median_us"] = r["on_median_us"] - r["off_median_us"]
+    log(f"{name}: off {r['off_min_us']:.3f} us (median {r['off_median_us']:.3f}), "
+        f"on {r['on_min_us']:.3f} us (median {r['on_median_us']:.3f}) per request")
+    return r
+
+
+def statfs_batch(mountpoint: Path, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        os.statvfs(mountpoint)
+    return (time.perf_counter() - t) / n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, default=500, help="batches of requests, alternating off and on")
+    ap.add_argument("--batch", type=int, default=1000, help="requests per batch (statfs: a fifth)")
+    ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3, help="untar rounds")
+    args = ap.parse_args(argv)
+    res: dict = {"adapter": bench_adapter(args.batches, args.batch)}
+    tar = source_tar(args.files)
+    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-metrics-") as d:
+        work = Path(d)
+        env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
+               "DELVEFS_HANDLER_TOKEN": "bench"}
+        os.environ.update(svc.env())
+        client = make_client(max_pool=16)
+        ensure_bucket(client, BUCKET)
+        clear(client)
+        wire_notifications(client, BUCKET, svc.minio.notify_arn)
+        from eventhandler.devtools import HandlerProcess
+        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
+        handler.start()
+        mounts = {}
+        try:
+            for name in ("off", "on"):
+                (work / name).mkdir()
+                delve = Delve(env, work / name, handler.url)
+                metrics = ["--metrics-addr", f"127.0.0.1:{free_port()}"] if name == "on" else []
+                mounts[name] = (delve, delve.mount("--eager", *metrics))
+            times: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(args.batches):
+                for name, (_, mp) in mounts.items():
+                    times[name].append(statfs_batch(mp, args.batch // 5))
+            res["statfs"] = summary("statfs", times["off"], times["on"])
+            untar: dict[str, list[float]] = {"off": [], "on": []}
+            for i in range(args.rounds):
+                for name, (_, mp) in mounts.items():
+                    target = mp / "eager" / f"{name}-{i}"
+                    target.mkdir(parents=True)
+                    untar[name].append(timed("tar", "-x", "-f", str(tar), "-C", str(target)) / args.files)
+                    subprocess.run([DELVEFS, "sync", str(mp)], env=env, check=True, capture_output=True)
+            res["untar_per_file"] = summary("untar (per file)", untar["off"], untar["on"])
+            res["untar_files"] = args.files
+        finally:
+            for delve, _ in mounts.values():
+                delve.umount()
+            handler.close()
+            clear(client)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "metrics-last.json"
+    out.write_text(json.dumps(res, indent=2))
+    log(f"results: {out}")
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
