@@ -291,3 +291,26 @@ def test_the_handlers_metrics_name_its_shard_and_keep_their_latency_histogram():
     assert value(s, "delvefs_event_latency_seconds_bucket", le="0.005") == 2
     assert value(s, "delvefs_event_latency_seconds_count") == 3
     assert value(samples(generate_latest(Metrics().registry)), "delvefs_handler_info", shard="0") == 1
+
+
+# ----------------------------------------------------------------- the dashboard
+
+def test_the_dashboard_asks_only_for_metrics_that_exist():
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    from eventhandler.metrics import Metrics
+    board = json.loads((Path(__file__).resolve().parents[2] / "contrib/grafana/delvefs.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in board["templating"]["list"] if isinstance(v.get("query"), dict)]
+    assert exprs
+    known = {name for name, _ in rendered()} | {name for name, _ in samples(generate_latest(Metrics().registry))}
+    used = {name for e in exprs for name in re.findall(r"\bdelvefs_[a-z_]+", e)}
+    assert used - known == set()
+    for e in exprs:
+        assert e.count("(") == e.count(")") and e.count("{") == e.count("}"), e
+    variables = {v["name"] for v in board["templating"]["list"]}
+    assert {re.sub(r"\W", "", m) for e in exprs for m in re.findall(r"\$[a-z]+\b", e)} - {"__rate_interval"} <= variables
