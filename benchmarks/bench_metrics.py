@@ -12,7 +12,7 @@
   ``delvefs sync`` (not timed); ``--rounds`` times.
 
 Two mounts (off, on) run side by side. The requests go in short batches (``--batch``; a
-fifth for statfs), alternating between off and on, ``--batches`` of each: on a machine
+tenth for statfs), alternating between off and on, ``--batches`` of each: on a machine
 shared with other work (a CPU quota stops a process for whole periods) the fastest batch
 is the undisturbed speed; the tenth percentile and the median are reported beside it. docs/PERFORMANCE.md,
 "Metrics", has a run.
@@ -25,16 +25,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from delvefs.devtools.localservices import LocalServices
-from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
-
 from .bench_mount import DELVEFS, RESULTS, log
-from .bench_tree import BASE, BUCKET, Delve, clear, source_tar, timed
+from .bench_tree import Delve, source_tar, stack, timed
 
 
 def bench_adapter(batches: int, batch: int) -> dict:
@@ -63,8 +59,9 @@ def bench_adapter(batches: int, batch: int) -> dict:
     return summary("adapter", times["off"], times["on"])
 
 
-def summary(name: str, off: list[float], on: list[float]) -> dict:
-    """Per request, microseconds: the fastest batch, the tenth percentile and the median."""
+def summary(name: str, off: list[float], on: list[float], per: str = "request") -> dict:
+    """Per request (or file), microseconds: the fastest batch, the tenth percentile and
+    the median."""
     r: dict = {"batches": len(off)}
     for label, times in (("off", off), ("on", on)):
         r[f"{label}_min_us"] = min(times) * 1e6
@@ -73,7 +70,7 @@ def summary(name: str, off: list[float], on: list[float]) -> dict:
     for stat in ("min", "p10", "median"):
         r[f"added_{stat}_us"] = r[f"on_{stat}_us"] - r[f"off_{stat}_us"]
     log(f"{name}: off {r['off_min_us']:.3f} us (p10 {r['off_p10_us']:.3f}, median {r['off_median_us']:.3f}), "
-        f"on {r['on_min_us']:.3f} us (p10 {r['on_p10_us']:.3f}, median {r['on_median_us']:.3f}) per request")
+        f"on {r['on_min_us']:.3f} us (p10 {r['on_p10_us']:.3f}, median {r['on_median_us']:.3f}) per {per}")
     return r
 
 
@@ -87,24 +84,13 @@ def statfs_batch(mountpoint: Path, n: int) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=500, help="batches of requests, alternating off and on")
-    ap.add_argument("--batch", type=int, default=1000, help="requests per batch (statfs: a fifth)")
+    ap.add_argument("--batch", type=int, default=1000, help="requests per batch (statfs: a tenth)")
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3, help="untar rounds")
     args = ap.parse_args(argv)
     res: dict = {"adapter": bench_adapter(args.batches, args.batch)}
     tar = source_tar(args.files)
-    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-metrics-") as d:
-        work = Path(d)
-        env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
-               "DELVEFS_HANDLER_TOKEN": "bench"}
-        os.environ.update(svc.env())
-        client = make_client(max_pool=16)
-        ensure_bucket(client, BUCKET)
-        clear(client)
-        wire_notifications(client, BUCKET, svc.minio.notify_arn)
-        from eventhandler.devtools import HandlerProcess
-        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
-        handler.start()
+    with stack("bench-metrics-") as (work, env, _client, handler):
         mounts = {}
         try:
             for name in ("off", "on"):
@@ -115,7 +101,7 @@ def main(argv=None) -> int:
             times: dict[str, list[float]] = {"off": [], "on": []}
             for _ in range(args.batches):
                 for name, (_, mp) in mounts.items():
-                    times[name].append(statfs_batch(mp, args.batch // 5))
+                    times[name].append(statfs_batch(mp, max(1, args.batch // 10)))
             res["statfs"] = summary("statfs", times["off"], times["on"])
             untar: dict[str, list[float]] = {"off": [], "on": []}
             for i in range(args.rounds):
@@ -124,13 +110,11 @@ def main(argv=None) -> int:
                     target.mkdir(parents=True)
                     untar[name].append(timed("tar", "-x", "-f", str(tar), "-C", str(target)) / args.files)
                     subprocess.run([DELVEFS, "sync", str(mp)], env=env, check=True, capture_output=True)
-            res["untar_per_file"] = summary("untar (per file)", untar["off"], untar["on"])
+            res["untar_per_file"] = summary("untar", untar["off"], untar["on"], per="file")
             res["untar_files"] = args.files
         finally:
             for delve, _ in mounts.values():
                 delve.umount()
-            handler.close()
-            clear(client)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "metrics-last.json"
     out.write_text(json.dumps(res, indent=2))

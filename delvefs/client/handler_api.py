@@ -9,7 +9,8 @@ Two layers:
 - *Clients* send them: :class:`HandlerClient` (``httpx.AsyncClient`` on trio via anyio,
   the mount: requests never block the loop) and :class:`SyncHandlerClient`
   (``httpx.Client``: ``delvefs watch``, the tests' and benchmarks' ``HandlerProcess``).
-  Both offer the operations of :class:`HandlerOperations`.
+  Both offer the operations of :class:`HandlerOperations`. The mount's client times
+  each round trip by the request's ``kind`` (``round_trips``: the mount's metrics).
 
 A client may be given several handler URLs (comma-separated: the active handler and its
 standbys, eventhandler/standby.py). It sends to the one that answered last; on a
