@@ -6,7 +6,8 @@
 * ``adapter``: the FUSE adapter's request wrapper in-process, on a request that does
   nothing (``access``): the pure Python cost of the timing;
 * ``statfs``: ``statvfs(2)`` on a real mount (every call is a FUSE request the kernel does
-  not cache: a do-nothing request through the kernel);
+  not cache: a do-nothing request through the kernel), its time and the mount daemon's
+  CPU time per request (``/proc/PID/task/*/schedstat``: not disturbed by waiting for a CPU);
 * ``untar``: untar of the first ``--files`` files of benchmarks/bench_tree.py's tree into
   an ``--eager`` mount (request-heavy: lookups, creates, writes, flushes, releases), then
   ``delvefs sync`` (not timed); ``--rounds`` times.
@@ -14,8 +15,8 @@
 Two mounts (off, on) run side by side. The requests go in short batches (``--batch``; a
 tenth for statfs), alternating between off and on, ``--batches`` of each: on a machine
 shared with other work (a CPU quota stops a process for whole periods) the fastest batch
-is the undisturbed speed; the tenth percentile and the median are reported beside it. docs/PERFORMANCE.md,
-"Metrics", has a run.
+is the undisturbed speed; the tenth percentile and the median are reported beside it.
+docs/PERFORMANCE.md, "Metrics", has a run.
 """
 from __future__ import annotations
 
@@ -65,13 +66,29 @@ def summary(name: str, off: list[float], on: list[float], per: str = "request") 
     r: dict = {"batches": len(off)}
     for label, times in (("off", off), ("on", on)):
         r[f"{label}_min_us"] = min(times) * 1e6
-        r[f"{label}_p10_us"] = statistics.quantiles(times, n=10)[0] * 1e6
+        r[f"{label}_p10_us"] = statistics.quantiles(times, n=10, method="inclusive")[0] * 1e6
         r[f"{label}_median_us"] = statistics.median(times) * 1e6
     for stat in ("min", "p10", "median"):
         r[f"added_{stat}_us"] = r[f"on_{stat}_us"] - r[f"off_{stat}_us"]
     log(f"{name}: off {r['off_min_us']:.3f} us (p10 {r['off_p10_us']:.3f}, median {r['off_median_us']:.3f}), "
         f"on {r['on_min_us']:.3f} us (p10 {r['on_p10_us']:.3f}, median {r['on_median_us']:.3f}) per {per}")
     return r
+
+
+def daemon_pid(mountpoint: Path, env: dict) -> int:
+    from delvefs.client.mountpoints import run_file
+    return json.loads(run_file(str(mountpoint), Path(env["DELVEFS_STATE_HOME"])).read_text())["pid"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """Time on a CPU of every thread of process ``pid`` (ns resolution, unlike its ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            pass  # a worker thread that just ended
+    return total / 1e9
 
 
 def statfs_batch(mountpoint: Path, n: int) -> float:
@@ -99,10 +116,17 @@ def main(argv=None) -> int:
                 metrics = ["--metrics-addr", f"127.0.0.1:{free_port()}"] if name == "on" else []
                 mounts[name] = (delve, delve.mount("--eager", *metrics))
             times: dict[str, list[float]] = {"off": [], "on": []}
+            cpu: dict[str, list[float]] = {"off": [], "on": []}  # the daemon's, per request
+            pids = {name: daemon_pid(mp, env) for name, (_, mp) in mounts.items()}
+            n = max(1, args.batch // 10)
             for _ in range(args.batches):
                 for name, (_, mp) in mounts.items():
-                    times[name].append(statfs_batch(mp, max(1, args.batch // 10)))
+                    used = cpu_seconds(pids[name])
+                    times[name].append(statfs_batch(mp, n))
+                    cpu[name].append((cpu_seconds(pids[name]) - used) / n)
             res["statfs"] = summary("statfs", times["off"], times["on"])
+            # CPU time does not count the waits for a CPU: the mount's own cost, under load too
+            res["statfs_daemon_cpu"] = summary("statfs, the daemon's CPU", cpu["off"], cpu["on"])
             untar: dict[str, list[float]] = {"off": [], "on": []}
             for i in range(args.rounds):
                 for name, (_, mp) in mounts.items():
