@@ -6,14 +6,16 @@
 * ``adapter``: the FUSE adapter's request wrapper in-process, on a request that does
   nothing (``access``): the pure Python cost of the timing;
 * ``statfs``: ``statvfs(2)`` on a real mount (every call is a FUSE request the kernel does
-  not cache: a do-nothing request through the kernel), its time and the mount daemon's
-  CPU time per request (``/proc/PID/task/*/schedstat``: not disturbed by waiting for a CPU);
+  not cache: a do-nothing request through the kernel), its time and the CPU time per
+  request of the mount daemon's main thread (``/proc/PID/task/PID/schedstat``: not
+  disturbed by waiting for a CPU);
 * ``untar``: untar of the first ``--files`` files of benchmarks/bench_tree.py's tree into
   an ``--eager`` mount (request-heavy: lookups, creates, writes, flushes, releases), then
   ``delvefs sync`` (not timed); ``--rounds`` times.
 
 Two mounts (off, on) run side by side. The requests go in short batches (``--batch``; a
-tenth for statfs), alternating between off and on, ``--batches`` of each: on a machine
+tenth for statfs), alternating between off and on (each first in every other round),
+``--batches`` of each: on a machine
 shared with other work (a CPU quota stops a process for whole periods) the fastest batch
 is the undisturbed speed; the tenth percentile and the median are reported beside it.
 docs/PERFORMANCE.md, "Metrics", has a run.
@@ -81,14 +83,9 @@ def daemon_pid(mountpoint: Path, env: dict) -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """Time on a CPU of every thread of process ``pid`` (ns resolution, unlike its ticks)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError):
-            pass  # a worker thread that just ended
-    return total / 1e9
+    """Time on a CPU of process ``pid``'s main thread, the one that answers FUSE requests
+    (ns resolution, unlike its ticks)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
 def statfs_batch(mountpoint: Path, n: int) -> float:
@@ -119,8 +116,8 @@ def main(argv=None) -> int:
             cpu: dict[str, list[float]] = {"off": [], "on": []}  # the daemon's, per request
             pids = {name: daemon_pid(mp, env) for name, (_, mp) in mounts.items()}
             n = max(1, args.batch // 10)
-            for _ in range(args.batches):
-                for name, (_, mp) in mounts.items():
+            for i in range(args.batches):
+                for name, (_, mp) in in_turn(mounts, i):
                     used = cpu_seconds(pids[name])
                     times[name].append(statfs_batch(mp, n))
                     cpu[name].append((cpu_seconds(pids[name]) - used) / n)
@@ -129,7 +126,7 @@ def main(argv=None) -> int:
             res["statfs_daemon_cpu"] = summary("statfs, the daemon's CPU", cpu["off"], cpu["on"])
             untar: dict[str, list[float]] = {"off": [], "on": []}
             for i in range(args.rounds):
-                for name, (_, mp) in mounts.items():
+                for name, (_, mp) in in_turn(mounts, i):
                     target = mp / "eager" / f"{name}-{i}"
                     target.mkdir(parents=True)
                     untar[name].append(timed("tar", "-x", "-f", str(tar), "-C", str(target)) / args.files)
@@ -145,6 +142,13 @@ def main(argv=None) -> int:
     log(f"results: {out}")
     print(json.dumps(res, indent=2))
     return 0
+
+
+def in_turn(mounts: dict, i: int) -> list:
+    """The mounts' items, off first in even rounds and on first in odd ones: neither
+    always runs after the other (the store grows, the other's uploads finish)."""
+    items = list(mounts.items())
+    return items if i % 2 == 0 else items[::-1]
 
 
 def free_port() -> int:
