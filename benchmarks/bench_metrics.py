@@ -15,9 +15,9 @@
 
 Two mounts (off, on) run side by side. The requests go in short batches (``--batch``; a
 tenth for statfs), alternating between off and on (each first in every other round),
-``--batches`` of each: on a machine
-shared with other work (a CPU quota stops a process for whole periods) the fastest batch
-is the undisturbed speed; the tenth percentile and the median are reported beside it.
+``--batches`` of each: on a machine shared with other work (a CPU quota stops a process
+for whole periods) the fastest batch is the undisturbed speed; the tenth percentile and
+the median are reported beside it.
 docs/PERFORMANCE.md, "Metrics", has a run.
 """
 from __future__ import annotations
