@@ -19,7 +19,6 @@ The tar is built once and cached in ~/.cache/delvefs/bench-tree/.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -299,29 +298,6 @@ def plot(res: dict, baseline: dict | None, path: Path) -> None:
     log(f"plot: {path}")
 
 
-@contextlib.contextmanager
-def stack(prefix: str):
-    """Local MinIO and RabbitMQ, the bucket (emptied, wired) and a handler on them, in a
-    work directory: (work, the mounts' environment, an S3 client, the handler)."""
-    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix=prefix) as d:
-        work = Path(d)
-        env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
-               "DELVEFS_HANDLER_TOKEN": "bench"}
-        os.environ.update(svc.env())
-        client = make_client(max_pool=16)
-        ensure_bucket(client, BUCKET)
-        clear(client)
-        wire_notifications(client, BUCKET, svc.minio.notify_arn)
-        from eventhandler.devtools import HandlerProcess
-        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
-        handler.start()
-        try:
-            yield work, env, client, handler
-        finally:
-            handler.close()
-            clear(client)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=None, help="only the first N files of the tree")
@@ -336,23 +312,38 @@ def main(argv=None) -> int:
         members = [m for m in t.getmembers() if m.isfile()]
     res: dict = {"files": len(members), "bytes": sum(m.size for m in members)}
     log(f"tree: {res['files']} files, {res['bytes'] / 2**20:.1f} MiB ({tar})")
-    with stack("bench-tree-") as (work, env, client, handler):
-        delve = Delve(env, work, handler.url)
-        for part in parts:
-            try:
-                if part == "local":
-                    bench_local(work, tar, res)
-                elif part == "boto3":
-                    bench_boto3(client, work, tar, res)
-                elif part == "strict":
-                    bench_strict(delve, client, tar, res)
-                elif part == "eager":
-                    bench_eager(delve, client, tar, res)
-                elif part == "s3fs":
-                    bench_s3fs(env, work, tar, res)
-            except Exception as exc:  # noqa: BLE001 — recorded; the other parts still run
-                log(f"{part} failed: {exc}")
-                res[f"{part}_error"] = str(exc)
+    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-tree-") as d:
+        work = Path(d)
+        env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
+               "DELVEFS_HANDLER_TOKEN": "bench"}
+        os.environ.update(svc.env())
+        client = make_client(max_pool=16)
+        ensure_bucket(client, BUCKET)
+        clear(client)
+        wire_notifications(client, BUCKET, svc.minio.notify_arn)
+        from eventhandler.devtools import HandlerProcess
+        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
+        handler.start()
+        try:
+            delve = Delve(env, work, handler.url)
+            for part in parts:
+                try:
+                    if part == "local":
+                        bench_local(work, tar, res)
+                    elif part == "boto3":
+                        bench_boto3(client, work, tar, res)
+                    elif part == "strict":
+                        bench_strict(delve, client, tar, res)
+                    elif part == "eager":
+                        bench_eager(delve, client, tar, res)
+                    elif part == "s3fs":
+                        bench_s3fs(env, work, tar, res)
+                except Exception as exc:  # noqa: BLE001 — recorded; the other parts still run
+                    log(f"{part} failed: {exc}")
+                    res[f"{part}_error"] = str(exc)
+        finally:
+            handler.close()
+            clear(client)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"tree-{args.save or 'last'}.json"
     out.write_text(json.dumps(res, indent=2))
