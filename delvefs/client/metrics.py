@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..shared import histogram
 from ..shared.histogram import Timings
 from .mountpoints import MountError
-from .status import upload_counts, views_report
+from .status import dirty_bytes, upload_counts, views_report
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class MountMetrics:
             yield _gauge("delvefs_mount_cache_limit_bytes", "the bound on clean cached data "
                          "(--cache-size)", mp, cache.limit)
         yield _gauge("delvefs_mount_dirty_bytes", "bytes of files written here and not in S3 yet",
-                     mp, sum(e.size for e in self.core.dirty.entries()))
+                     mp, dirty_bytes(self.core))
 
     def _uploads(self):
         core, mp = self.core, self.mountpoint

@@ -48,6 +48,11 @@ def upload_counts(report: list[dict]) -> dict[str, int]:
     return counts
 
 
+def dirty_bytes(core) -> int:
+    """Bytes of the files written through the mount and not in S3 yet."""
+    return sum(e.size for e in core.dirty.entries())
+
+
 async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
     """The control operation ``status`` (served by the mount: delvefs/client/composition.py)."""
     report = core.upload_report()  # files and deletes not in S3 yet (delvefs/client/fs/uploads.py)
@@ -56,7 +61,7 @@ async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
             "handler": core.handler.base_url, "views": views_report(core),
             "files": report, "counts": upload_counts(report),
             "cache": {"bytes": cache.bytes, "limit": cache.limit, "entries": len(cache.entries),
-                      "dirty_bytes": sum(e.size for e in core.dirty.entries())}}
+                      "dirty_bytes": dirty_bytes(core)}}
 
 
 # ----------------------------------------------------------------- the command
