@@ -7,6 +7,7 @@ baseline measured in the same run.
                                                  [--skip-scan] [--repeat 1]
                                                  [--scenarios RAW,MATCH,DB_MATCH,TAGS,META]
                                                  [--prop-objects 20000]
+                                                 [--shards 1,2,3]
 
 TAGS / META: 100 views with a property rule each (``properties: {kind: "k*"}``; META:
 ``metadata: {kind: "k*"}``) on a bucket of --prop-objects real objects, created in MinIO
@@ -48,6 +49,7 @@ import pika
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_handler_profile import bench_views, messages  # noqa: E402
+from benchmarks.broker import publish, wait_depth  # noqa: E402
 from delvefs.devtools.localservices import LocalServices  # noqa: E402
 from delvefs.shared.config import S3Settings  # noqa: E402
 from delvefs.shared.s3 import (LeanClient, ensure_bucket, make_client, presigned_list_url,  # noqa: E402
@@ -60,33 +62,6 @@ from rulesets import View  # noqa: E402
 HERE = Path(__file__).resolve().parent
 BARE_QUEUE = "bench.bare"
 HANDLER_QUEUE = "bench.handler"
-
-
-def publish(url: str, msgs, exchange: str = "delvefs") -> float:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    t0 = time.perf_counter()
-    for body, headers in msgs:
-        ch.basic_publish(exchange, "", body, pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, headers=headers))
-    conn.close()
-    return time.perf_counter() - t0
-
-
-def queue_depth(url: str, queue: str) -> int:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return conn.channel().queue_declare(queue, durable=True, passive=True).method.message_count
-    finally:
-        conn.close()
-
-
-def wait_depth(url, queue, n, timeout=120):
-    deadline = time.monotonic() + timeout
-    while queue_depth(url, queue) < n:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{queue} never reached {n} messages")
-        time.sleep(0.05)
 
 
 def run_bare(url: str, n: int) -> dict:
@@ -407,6 +382,8 @@ def main() -> int:
     ap.add_argument("--latency-rate", type=float, help="events/s for the latency run "
                     "(default: 20%% of the measured MATCH rate)")
     ap.add_argument("--keep", help="keep services and state in this directory (reuses the scan bucket)")
+    ap.add_argument("--shards", help="only the shard benchmark, for these shard counts (e.g. 1,2,3; "
+                    "--events per shard): benchmarks/bench_handler_shards.py")
     args = ap.parse_args()
     sys.setswitchinterval(0.0005)
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="delvefs-bench-"))
@@ -414,6 +391,11 @@ def main() -> int:
     with LocalServices(base / "services") as svc:
         env = svc.env()
         os.environ.update(env)
+        if args.shards:
+            from benchmarks import bench_handler_shards
+            bench_handler_shards.main(svc, base, [int(n) for n in args.shards.split(",")], args.events,
+                                      args.objects)
+            return 0
         s3 = make_client()
         ensure_bucket(s3, "bench")
         h = HandlerProcess(env, base / f"state-{time.time_ns()}", token=None, queue=HANDLER_QUEUE,

@@ -1,6 +1,9 @@
-"""Mount read path: DelveFS vs s3fs-fuse vs rclone mount on the same MinIO, same run.
+"""Mount read path: DelveFS vs s3fs-fuse vs rclone mount vs the floor on the same MinIO,
+same run — pinned to CPU 0 and unpinned (``--cpus``), one table each.
 
     .venv/bin/python -m benchmarks.bench_mount [--objects 100000] [--big-mib 1024] [--skip-others]
+                                               [--only boto3,delvefs,floor,s3fs,rclone]
+                                               [--cpus both|pinned|unpinned]
 
 Measures (docs/PERFORMANCE.md, "## Mount (read path)"):
   * ``ls -l`` of a view of N small objects in one prefix: DelveFS fresh mount (the handler
@@ -8,18 +11,22 @@ Measures (docs/PERFORMANCE.md, "## Mount (read path)"):
   * mount ready + ``ls -l`` of a 100-file view carved out of the same bucket;
   * stat rate of files in a listed view (kernel lookups, not cached) vs boto3 head_object;
   * sequential read of a big object through a fresh mount vs boto3 download_file + read;
-  * references: boto3 listing, head_object rate, download_file throughput.
+  * references: boto3 listing, head_object rate, download_file throughput;
+  * the floor (benchmarks/floorfs.py: a pyfuse3 file system mounted as DelveFS's is, with a
+    directory of the same N names of 100 bytes, a 100-file one and a big file of zeros, all
+    in memory) doing the same: what the kernel, the binding and the machine cost.
 
 The populated MinIO data directory is kept in ~/.cache/delvefs/bench-mount between runs
-(populating 100,000 objects takes minutes); everything else starts fresh each run.
+(populating 100,000 objects takes minutes); everything else starts fresh each run. The
+tables go to stdout, the numbers to benchmarks/results/mount-N.json.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +37,7 @@ from delvefs.devtools.localservices import LocalServices
 from delvefs.client.mountpoints import mounted_fstype
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
-from .mounting import mount_s3fs
+from .mounting import CPU_MODES, FloorMount, add_cpu_option, cpu_mode, cpu_modes, mount_s3fs
 
 BASE = Path(os.environ.get("DELVEFS_BENCH_DIR", Path.home() / ".cache/delvefs/bench-mount"))
 DELVEFS = str(Path(sys.executable).parent / "delvefs")
@@ -207,16 +214,9 @@ def bench_delvefs(env, work: Path, handler, n: int, big_key: str, res: dict):
     # the listing streams in the background: wait for its last page (the view is "listed"),
     # else the timed lookups would also wait for pages still on their way
     wait_for(lambda: os.path.exists(mp / "many" / f"obj-{n - 1:06d}.dat"), 60, "listing")
-    names = [mp / "many" / f"obj-{i:06d}.dat" for i in range(0, n - 1, max(1, n // 20000))]
-    t = time.perf_counter()
-    for p in names:
-        os.stat(p)
-    dt = time.perf_counter() - t
-    res["delvefs_stat_per_s"] = len(names) / dt
-    log(f"delvefs stat: {len(names) / dt:.0f}/s")
+    res["delvefs_stat_per_s"] = stat_rate(mp / "many", n)
+    log(f"delvefs stat: {res['delvefs_stat_per_s']:.0f}/s")
     dm.umount(mp)
-    res["pyfuse3_minimal_lookup_per_s"] = minimal_lookup_rate(work, len(names))
-    log(f"minimal pyfuse3 file system: {res['pyfuse3_minimal_lookup_per_s']:.0f} lookups/s")
 
     # 100-file view carved out of the big bucket
     times = []
@@ -247,26 +247,57 @@ def bench_delvefs(env, work: Path, handler, n: int, big_key: str, res: dict):
     dm.umount(mp)
 
 
-def minimal_lookup_rate(work: Path, n: int) -> float:
-    """Lookups/s of the smallest pyfuse3 file system (tests/integration/hello_fuse.py:
-    every name but one is ENOENT) — the ceiling the binding and the kernel set for
-    ``stat`` of names the kernel does not know yet."""
-    mp = work / "hello-mnt"
-    mp.mkdir()
-    proc = subprocess.Popen([sys.executable, str(RESULTS.parent.parent / "tests/integration/hello_fuse.py"), str(mp)])
-    try:
-        wait_for(lambda: os.path.exists(mp / "hello.txt"), 30, "minimal mount")
-        names = [mp / f"missing-{i}" for i in range(n)]
+def stat_rate(directory: Path, n: int) -> float:
+    """stats/s of up to 20,000 of the view's ``n`` names, spread over it (names the
+    kernel does not know yet: one lookup each)."""
+    names = [directory / f"obj-{i:06d}.dat" for i in range(0, n - 1, max(1, n // 20000))]
+    t = time.perf_counter()
+    for p in names:
+        os.stat(p)
+    return len(names) / (time.perf_counter() - t)
+
+
+def bench_floor(work: Path, n: int, big_mib: int, res: dict):
+    """The DelveFS measurements on the floor: the same names, sizes and commands."""
+    many = ("--files", "many", "obj-{:06d}.dat", str(n), "100")
+    drop_caches()
+    t = time.perf_counter()
+    with FloorMount(work / "floor-ls", *many) as mp:
+        res["floor_fresh_mount_s"] = time.perf_counter() - t
+        dt, count = ls_l(mp / "many")
+        assert count == n, count
+        res["floor_fresh_ls_s"] = res["floor_fresh_mount_s"] + dt
+        res["floor_hot_ls_s"] = min(ls_l(mp / "many")[0] for _ in range(3))
+    with FloorMount(work / "floor-ls", *many) as mp:  # stat: names the kernel does not know yet
+        os.listdir(mp)
+        os.path.exists(mp / "many" / f"obj-{n - 1:06d}.dat")
+        res["floor_stat_per_s"] = stat_rate(mp / "many", n)
+    log(f"floor: fresh mount+ls -l {res['floor_fresh_ls_s']:.2f} s (mount {res['floor_fresh_mount_s']:.2f}), "
+        f"hot {res['floor_hot_ls_s']:.2f} s, stat {res['floor_stat_per_s']:.0f}/s")
+
+    times = []
+    for _ in range(3):
         t = time.perf_counter()
-        for p in names:
-            try:
-                os.stat(p)
-            except FileNotFoundError:
-                pass
-        return n / (time.perf_counter() - t)
-    finally:
-        subprocess.run(["fusermount3", "-u", str(mp)], check=False)
-        proc.wait(30)
+        with FloorMount(work / "floor-small", "--files", "small", "obj-{:06d}.dat", "100", "100") as mp:
+            dt, count = ls_l(mp / "small")
+            assert count == 100, count
+            times.append(time.perf_counter() - t)
+    res["floor_small_view_mount_ls_s"] = min(times)
+    log(f"floor 100-file view mount + ls -l: {min(times):.3f} s")
+
+    drop_caches()
+    t0 = time.perf_counter()
+    with FloorMount(work / "floor-big", "--files", "big", f"{big_mib}MiB.bin", "1", str(big_mib << 20)) as mp:
+        t1 = time.perf_counter()
+        total = 0
+        with open(mp / "big" / f"{big_mib}MiB.bin", "rb", buffering=0) as f:
+            while chunk := f.read(1 << 20):
+                total += len(chunk)
+        t2 = time.perf_counter()
+    assert total == big_mib << 20, total
+    res["floor_big_read_s"] = t2 - t1
+    res["floor_big_mount_read_s"] = t2 - t0
+    log(f"floor big read {total / (t2 - t1) / 2**20:.0f} MiB/s ({t2 - t1:.2f} s, +mount {t1 - t0:.2f} s)")
 
 
 def bench_boto3(client, n: int, big_key: str, work: Path, res: dict):
@@ -334,16 +365,59 @@ def bench_rclone(env, work: Path, n: int, res: dict):
         proc.wait(30)
 
 
+def table(res: dict, objects: int, big_mib: int) -> str:
+    """DelveFS's speed over the others' (above 1: DelveFS is faster)."""
+    g = res.get
+
+    def fmt(v, unit):
+        if v is None:
+            return "—"
+        return f"{v:,.0f}/s" if unit == "/s" else f"{v:.{3 if v < 1 else 2}f} s"
+
+    def speed(delve, other, unit):
+        if delve is None or other is None:
+            return "—"
+        return f"{(delve / other if unit == '/s' else other / delve):.2f}×"
+
+    def faster(a, b):
+        there = [v for v in (a, b) if v is not None]
+        return min(there) if there else None
+    rows = [
+        (f"`ls -l` of {objects:,} objects, fresh mount", "s", g("delvefs_fresh_ls_s"), g("floor_fresh_ls_s"),
+         g("boto3_list_s"), g("s3fs_cold_ls_s"), g("rclone_cold_ls_s"), "≤ 3 s; ≥ 4× s3fs, rclone (100,000)"),
+        ("`ls -l` again (hot)", "s", g("delvefs_hot_ls_s"), g("floor_hot_ls_s"), None, g("s3fs_hot_ls_s"),
+         g("rclone_hot_ls_s"), "≤ 1.5 s; ≥ 4× s3fs, rclone (100,000)"),
+        ("`stat` of files in a listed view (boto3: `head_object`)", "/s", g("delvefs_stat_per_s"),
+         g("floor_stat_per_s"), g("boto3_head_per_s"), None, None, "≥ 0.9× the floor; ≥ 20× boto3"),
+        (f"{big_mib} MiB sequential read, fresh mount (boto3: `download_file` + read)", "s",
+         g("delvefs_big_read_s"), g("floor_big_read_s"), g("boto3_download_read_s"), None, None, "≥ 0.8× boto3"),
+        ("the same, with the mount", "s", g("delvefs_big_mount_read_s"), g("floor_big_mount_read_s"),
+         g("boto3_download_read_s"), None, None, ""),
+        ("100-file view: mount until ready + `ls -l`", "s", g("delvefs_small_view_mount_ls_s"),
+         g("floor_small_view_mount_ls_s"), None, None, None, "≤ 0.3 s"),
+    ]
+    lines = ["| operation | DelveFS | floor | boto3 | s3fs | rclone | DelveFS / floor | DelveFS / boto3 "
+             "| DelveFS / faster of s3fs, rclone | target |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for what, unit, delve, floor, boto, s3fs, rclone, target in rows:
+        other = faster(s3fs, rclone) if unit == "s" else None
+        lines.append(f"| {what} | {fmt(delve, unit)} | {fmt(floor, unit)} | {fmt(boto, unit)} | "
+                     f"{fmt(s3fs, unit)} | {fmt(rclone, unit)} | {speed(delve, floor, unit)} | "
+                     f"{speed(delve, boto, unit)} | {speed(delve, other, unit)} | {target} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--objects", type=int, default=100_000)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--skip-others", action="store_true", help="skip s3fs and rclone")
     ap.add_argument("--populate-only", action="store_true")
-    ap.add_argument("--only", help="comma-separated parts: boto3,delvefs,s3fs,rclone")
+    ap.add_argument("--only", help="comma-separated parts: boto3,delvefs,floor,s3fs,rclone")
+    add_cpu_option(ap)
     args = ap.parse_args(argv)
+    modes = cpu_modes(args.cpus)
     BASE.mkdir(parents=True, exist_ok=True)
-    res: dict = {"objects": args.objects, "big_mib": args.big_mib}
+    results: dict = {"objects": args.objects, "big_mib": args.big_mib, "big_bytes": args.big_mib << 20}
     big_key = f"big/{args.big_mib}MiB.bin"
     with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-mount-") as d:
         work = Path(d)
@@ -360,20 +434,28 @@ def main(argv=None) -> int:
         handler.start()
         env["DELVEFS_HANDLER_TOKEN"] = "bench"
         try:
-            res["big_bytes"] = args.big_mib << 20
-            parts = [("boto3", lambda: bench_boto3(client, args.objects, big_key, work, res)),
-                     ("delvefs", lambda: bench_delvefs(env, work, handler, args.objects, big_key, res))]
-            if not args.skip_others:
-                parts += [("s3fs", lambda: bench_s3fs(env, work, args.objects, res)),
-                          ("rclone", lambda: bench_rclone(env, work, args.objects, res))]
-            run_parts(parts, args.only, res)
+            for mode in modes:
+                log(f"--- {CPU_MODES[mode]}")
+                res = results[mode] = {"big_bytes": args.big_mib << 20}
+                here = work / mode
+                here.mkdir()
+                parts = [("boto3", functools.partial(bench_boto3, client, args.objects, big_key, here, res)),
+                         ("delvefs", functools.partial(bench_delvefs, env, here, handler, args.objects, big_key, res)),
+                         ("floor", functools.partial(bench_floor, here, args.objects, args.big_mib, res))]
+                if not args.skip_others:
+                    parts += [("s3fs", functools.partial(bench_s3fs, env, here, args.objects, res)),
+                              ("rclone", functools.partial(bench_rclone, env, here, args.objects, res))]
+                with cpu_mode(mode):
+                    run_parts(parts, args.only, res)
         finally:
             handler.close()
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"mount-{args.objects}{'-' + args.only.replace(',', '-') if args.only else ''}.json"
-    out.write_text(json.dumps(res, indent=2))
+    out.write_text(json.dumps(results, indent=2))
     log(f"results: {out}")
-    print(json.dumps(res, indent=2))
+    for mode in modes:
+        print(f"\n{CPU_MODES[mode]}:\n")
+        print(table(results[mode], args.objects, args.big_mib))
     return 0
 
 

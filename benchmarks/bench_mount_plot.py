@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    res = json.loads((ROOT / "benchmarks/results/mount-100000.json").read_text())
-    n = res["objects"]
+    saved = json.loads((ROOT / "benchmarks/results/mount-100000.json").read_text())
+    res = saved.get("unpinned") or saved.get("pinned") or saved  # (one CPU mode; older runs had one)
+    n = saved["objects"]
     tools = ["DelveFS", "s3fs", "rclone"]
     cold = [res["delvefs_fresh_ls_s"], res.get("s3fs_cold_ls_s"), res.get("rclone_cold_ls_s")]
     hot = [res["delvefs_hot_ls_s"], res.get("s3fs_hot_ls_s"), res.get("rclone_hot_ls_s")]

@@ -1,7 +1,9 @@
-"""Mount write path: DelveFS vs s3fs-fuse vs boto3 on the same MinIO, same run.
+"""Mount write path: DelveFS vs s3fs-fuse vs boto3 vs the floor on the same MinIO, same
+run — pinned to CPU 0 and unpinned (``--cpus``), one table each.
 
     .venv/bin/python -m benchmarks.bench_mount_write [--files 500] [--big-mib 1024] [--skip-s3fs]
-                                                     [--rounds 10] [--only boto3,delvefs,s3fs]
+                                                     [--rounds 10] [--only boto3,delvefs,floor,s3fs]
+                                                     [--cpus both|pinned|unpinned]
 
 Measures (docs/PERFORMANCE.md, "## Mount (write path)"):
   * create + close of empty files, one after the other (``open(O_CREAT|O_TRUNC)`` +
@@ -9,10 +11,13 @@ Measures (docs/PERFORMANCE.md, "## Mount (write path)"):
   * unlink of those files vs boto3 ``delete_object``;
   * ``dd bs=1M`` of a 1 GiB file into the mount (close included: the upload is part of it)
     vs ``dd`` to a local file + boto3 ``upload_file`` (8 MiB parts, 10 threads).
-All sequential, one process; s3fs-fuse (``-o use_path_request_style``) on the same bucket.
+All sequential, one process; s3fs-fuse (``-o use_path_request_style``) on the same bucket;
+the floor (benchmarks/floorfs.py: a pyfuse3 file system keeping only names, sizes and
+modes, mounted as the DelveFS mount is) for what the kernel, the binding and the machine
+cost.
 The small operations take turns: ``--rounds`` batches of ``files / rounds`` each, the order
-rotated every round, so that a change of the machine's load (shared machines) hits the
-three alike instead of whichever ran at the time.
+rotated every round, so that a change of the machine's load (shared machines) hits them
+alike instead of whichever ran at the time.
 MinIO's data directory is ~/.cache/delvefs/bench-mount/services (as bench_mount.py).
 """
 from __future__ import annotations
@@ -32,9 +37,10 @@ from delvefs.client.mountpoints import mounted_fstype
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .bench_mount import BASE, DELVEFS, RESULTS, log, wait_for
+from .mounting import CPU_MODES, FloorMount, add_cpu_option, cpu_mode, cpu_modes
 
 BUCKET = "bench-write"
-PARTS = ("boto3", "delvefs", "s3fs")
+PARTS = ("boto3", "delvefs", "floor", "s3fs")
 
 
 def create(directory: Path, i: int) -> None:
@@ -180,25 +186,31 @@ def table(res: dict) -> str:
     mib = res["big_mib"]
     rows = []
 
-    def row(what, ref, target, delve, s3fs, unit, higher_better=True):
+    def row(what, ref, target, delve, floor, s3fs, unit, higher_better=True):
         def fmt(v):
             return "—" if v is None else (f"{v:.0f} {unit}" if unit != "s" else f"{v:.2f} s")
-        ratio = None if delve is None or ref is None else (delve / ref if higher_better else ref / delve)
-        vs3 = None if delve is None or s3fs is None else (delve / s3fs if higher_better else s3fs / delve)
-        rows.append(f"| {what} | {fmt(ref)} | {fmt(delve)} | {fmt(s3fs)} | "
+
+        def speed(other):  # DelveFS's speed over the other's (above 1: DelveFS is faster)
+            if delve is None or other is None:
+                return None
+            return delve / other if higher_better else other / delve
+        ratio, vfloor, vs3 = speed(ref), speed(floor), speed(s3fs)
+        rows.append(f"| {what} | {fmt(ref)} | {fmt(delve)} | {fmt(floor)} | {fmt(s3fs)} | "
                     f"{'—' if ratio is None else f'{ratio:.2f}×'} (≥ {target}×) | "
+                    f"{'—' if vfloor is None else f'{vfloor:.2f}×'} | "
                     f"{'—' if vs3 is None else f'{vs3:.1f}×'} |")
     row("create + close, empty files", res.get("boto3_put_per_s"), 0.7, res.get("delvefs_create_per_s"),
-        res.get("s3fs_create_per_s"), "/s")
+        res.get("floor_create_per_s"), res.get("s3fs_create_per_s"), "/s")
     row("unlink", res.get("boto3_delete_per_s"), 0.7, res.get("delvefs_unlink_per_s"),
-        res.get("s3fs_unlink_per_s"), "/s")
-    thr = {k: (mib / res[k] if res.get(k) else None) for k in ("boto3_write_upload_s", "delvefs_dd_s", "s3fs_dd_s")}
+        res.get("floor_unlink_per_s"), res.get("s3fs_unlink_per_s"), "/s")
+    thr = {k: (mib / res[k] if res.get(k) else None)
+           for k in ("boto3_write_upload_s", "delvefs_dd_s", "floor_dd_s", "s3fs_dd_s")}
     row(f"dd {mib} MiB bs=1M + close", thr["boto3_write_upload_s"], 0.8, thr["delvefs_dd_s"],
-        thr["s3fs_dd_s"], "MiB/s")
+        thr["floor_dd_s"], thr["s3fs_dd_s"], "MiB/s")
     row(f"cp {mib} MiB inside the mount (reference: one CopyObject)", res.get("boto3_copy_s"), 0.9,
-        res.get("delvefs_cp_s"), res.get("s3fs_cp_s"), "s", higher_better=False)
-    head = ("| operation | reference (boto3) | DelveFS | s3fs | DelveFS / reference (target) | DelveFS / s3fs |\n"
-            "|---|---|---|---|---|---|")
+        res.get("delvefs_cp_s"), res.get("floor_cp_s"), res.get("s3fs_cp_s"), "s", higher_better=False)
+    head = ("| operation | reference (boto3) | DelveFS | floor | s3fs | DelveFS / reference (target) "
+            "| DelveFS / floor | DelveFS / s3fs |\n|---|---|---|---|---|---|---|---|")
     return head + "\n" + "\n".join(rows)
 
 
@@ -208,12 +220,14 @@ def main(argv=None) -> int:
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=10, help="batches the small operations take turns in")
     ap.add_argument("--skip-s3fs", action="store_true")
-    ap.add_argument("--only", help="comma-separated parts: boto3,delvefs,s3fs")
+    ap.add_argument("--only", help="comma-separated parts: " + ",".join(PARTS))
+    add_cpu_option(ap)
     args = ap.parse_args(argv)
     parts = [p for p in (args.only.split(",") if args.only else PARTS)
              if p in PARTS and not (p == "s3fs" and args.skip_s3fs)]
+    modes = cpu_modes(args.cpus)
     BASE.mkdir(parents=True, exist_ok=True)
-    res: dict = {"files": args.files, "big_mib": args.big_mib, "rounds": args.rounds}
+    results: dict = {}
     with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-write-") as d:
         work = Path(d)
         env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state")}
@@ -232,26 +246,36 @@ def main(argv=None) -> int:
         handler.start()
         env["DELVEFS_HANDLER_TOKEN"] = "bench"
         try:
-            with contextlib.ExitStack() as mounts:
-                dirs = {}
-                if "delvefs" in parts:
-                    dirs["delvefs"] = mounts.enter_context(delvefs_mount(env, work, handler.url))
-                if "s3fs" in parts:
-                    dirs["s3fs"] = mounts.enter_context(s3fs_mount(env, work))
-                # the mount makes its boto3 client (~0.3 s of CPU) 0.5 s after it is ready;
-                # the reference's client exists before its clock starts too
-                time.sleep(2)
-                small_ops(client if "boto3" in parts else None, dirs, args.files, args.rounds, res)
-                big_write(client, dirs, work, src, res, parts)
-                big_copy(client, dirs, res, parts)
+            for mode in modes:
+                log(f"--- {CPU_MODES[mode]}")
+                res = results[mode] = {"files": args.files, "big_mib": args.big_mib, "rounds": args.rounds}
+                here = work / mode
+                here.mkdir()
+                with cpu_mode(mode), contextlib.ExitStack() as mounts:
+                    dirs = {}
+                    if "delvefs" in parts:
+                        dirs["delvefs"] = mounts.enter_context(delvefs_mount(env, here, handler.url))
+                    if "floor" in parts:
+                        dirs["floor"] = mounts.enter_context(FloorMount(here / "floor-mnt"))
+                    if "s3fs" in parts:
+                        dirs["s3fs"] = mounts.enter_context(s3fs_mount(env, here))
+                    # the mount makes its boto3 client (~0.3 s of CPU) 0.5 s after it is ready;
+                    # the reference's client exists before its clock starts too
+                    time.sleep(2)
+                    small_ops(client if "boto3" in parts else None, dirs, args.files, args.rounds, res)
+                    big_write(client, dirs, here, src, res, parts)
+                    big_copy(client, dirs, res, parts)
+                clear_bucket(client)
         finally:
             handler.close()
             clear_bucket(client)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "mount-write.json"
-    out.write_text(json.dumps(res, indent=2))
+    out.write_text(json.dumps(results, indent=2))
     log(f"results: {out}")
-    print(table(res))
+    for mode in modes:
+        print(f"\n{CPU_MODES[mode]}:\n")
+        print(table(results[mode]))
     return 0
 
 

@@ -1,8 +1,11 @@
 """Trees of small files: untar, ``tar c`` and ``rm -rf`` of a real source tree (the Python
 standard library of this venv's Python: ~2,450 files, ~100 MB) through DelveFS (strict and
-eager), s3fs-fuse and sequential boto3 requests, on the same MinIO, in one run.
+eager), the floor (benchmarks/floorfs.py, without and with the writeback cache), s3fs-fuse
+and sequential boto3 requests, on the same MinIO, in one run — pinned to CPU 0 and
+unpinned (``--cpus``), one table each.
 
-    .venv/bin/python -m benchmarks.bench_tree [--files N] [--only local,boto3,strict,eager,s3fs]
+    .venv/bin/python -m benchmarks.bench_tree [--files N] [--only local,boto3,floor,strict,eager,s3fs]
+                                              [--cpus both|pinned|unpinned]
                                               [--save NAME] [--baseline NAME] [--plot docs/tree-small-files.png]
 
 Rows (docs/PERFORMANCE.md, "## Trees of small files"):
@@ -10,15 +13,20 @@ Rows (docs/PERFORMANCE.md, "## Trees of small files"):
     in the local journal) and eager + ``delvefs sync`` (until S3 has every file);
   * ``tar c`` of the tree back (piped to ``wc -c``), from a fresh mount (nothing cached);
   * ``rm -rf``: strict, eager, eager + ``delvefs sync``;
-compared with the local disk and with boto3 put_object / get_object / delete_object of the
-same files one after the other. ``--save NAME`` keeps the results as
+compared with the local disk, with boto3 put_object / get_object / delete_object of the
+same files one after the other, and with the floor: the same commands on a pyfuse3 file
+system that keeps names, sizes and modes in memory (what the kernel, the binding and the
+machine cost; the strict rows compare with it as it is, the eager rows with it using the
+kernel's writeback cache as eager mounts do). ``--save NAME`` keeps the results as
 ``benchmarks/results/tree-NAME.json``; ``--baseline NAME`` adds that run's DelveFS strict
-numbers as a column (the same benchmark run on the code of HEAD: docs/PERFORMANCE.md).
+numbers as a column (the same benchmark run on the code of HEAD: docs/PERFORMANCE.md;
+its run of the same CPU mode, else the one it has).
 The tar is built once and cached in ~/.cache/delvefs/bench-tree/.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -35,11 +43,12 @@ from delvefs.devtools.localservices import LocalServices
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .bench_mount import DELVEFS, RESULTS, log, wait_for
-from .mounting import mount_s3fs
+from .mounting import CPU_MODES, FloorMount, add_cpu_option, cpu_mode, cpu_modes, mount_s3fs
 
 BASE = Path(os.environ.get("DELVEFS_BENCH_TREE_DIR", Path.home() / ".cache/delvefs/bench-tree"))
 BUCKET = "bench-tree"
-PARTS = ("local", "boto3", "strict", "eager", "s3fs")
+PARTS = ("local", "boto3", "floor", "strict", "eager", "s3fs")
+FLOORS = (("floor", ()), ("floorwb", ("--writeback",)))  # as strict, as eager mounts
 SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
@@ -129,6 +138,23 @@ def bench_boto3(client, work: Path, tar: Path, res: dict) -> None:
     shutil.rmtree(src)
     log(f"boto3: {len(files)} files, put {res['boto3_put_s']:.2f} s, get {res['boto3_get_s']:.2f} s, "
         f"delete {res['boto3_delete_s']:.2f} s")
+
+
+def bench_floor(work: Path, tar: Path, res: dict) -> None:
+    for name, options in FLOORS:
+        floor = FloorMount(work / f"{name}-mnt", "--state", str(work / f"{name}.json"), *options)
+        floor.mount()
+        try:
+            d = tree_ops(floor.mountpoint, tar, res, name, functools.partial(remount_floor, floor))
+            res[f"{name}_rm_s"] = timed("rm", "-rf", str(d / "stdlib"))
+            log(f"{name}: rm -rf {res[f'{name}_rm_s']:.2f} s")
+        finally:
+            floor.umount()
+
+
+def remount_floor(floor: FloorMount) -> Path:
+    floor.umount()  # (it keeps its tree in its --state file)
+    return floor.mount()
 
 
 class Delve:
@@ -236,32 +262,59 @@ def table(res: dict, baseline: dict | None) -> str:
     g = res.get
     base = baseline or {}
     rows = [
-        ("untar", g("local_untar_s"), g("boto3_put_s"), g("s3fs_untar_s"), g("strict_untar_s"),
-         base.get("strict_untar_s"), g("eager_untar_s"),
+        ("untar", g("local_untar_s"), g("boto3_put_s"), g("s3fs_untar_s"), g("floor_untar_s"),
+         g("floorwb_untar_s"), g("strict_untar_s"), base.get("strict_untar_s"), g("eager_untar_s"),
+         f"eager / floor with writeback {ratio(g('eager_untar_s'), g('floorwb_untar_s'))} (≤ 1.5×); "
          f"eager / local {ratio(g('eager_untar_s'), g('local_untar_s'))} (≤ 3×)"),
-        ("untar + `delvefs sync`", None, g("boto3_put_s"), None, None, None, g("eager_untar_sync_s"),
-         f"boto3 PUTs / eager+sync {ratio(g('boto3_put_s'), g('eager_untar_sync_s'))} (≥ 3×)"),
-        ("`tar c` (fresh mount)", g("local_tarc_s"), g("boto3_get_s"), g("s3fs_tarc_s"), g("strict_tarc_s"),
-         base.get("strict_tarc_s"), g("eager_tarc_s"),
+        ("untar + `delvefs sync`", None, g("boto3_put_s"), None, None, None, None, None, g("eager_untar_sync_s"),
+         f"boto3 PUTs / eager+sync {ratio(g('boto3_put_s'), g('eager_untar_sync_s'))} (≥ 1.5×)"),
+        ("`tar c` (fresh mount)", g("local_tarc_s"), g("boto3_get_s"), g("s3fs_tarc_s"), g("floor_tarc_s"),
+         g("floorwb_tarc_s"), g("strict_tarc_s"), base.get("strict_tarc_s"), g("eager_tarc_s"),
          f"boto3 GETs / strict {ratio(g('boto3_get_s'), g('strict_tarc_s'))}"),
-        ("`rm -rf`", g("local_rm_s"), g("boto3_delete_s"), g("s3fs_rm_s"), g("strict_rm_s"),
-         base.get("strict_rm_s"), g("eager_rm_s"), ""),
-        ("`rm -rf` + `delvefs sync`", None, g("boto3_delete_s"), None, None, None, g("eager_rm_sync_s"),
+        ("`rm -rf`", g("local_rm_s"), g("boto3_delete_s"), g("s3fs_rm_s"), g("floor_rm_s"), g("floorwb_rm_s"),
+         g("strict_rm_s"), base.get("strict_rm_s"), g("eager_rm_s"), ""),
+        ("`rm -rf` + `delvefs sync`", None, g("boto3_delete_s"), None, None, None, None, None,
+         g("eager_rm_sync_s"),
          f"boto3 DELETEs / eager+sync {ratio(g('boto3_delete_s'), g('eager_rm_sync_s'))} (≥ 5×)"),
     ]
-    head = ("| operation | local disk | boto3, sequential | s3fs | DelveFS strict | strict at HEAD "
-            "| DelveFS eager | ratio (target) |\n|---|---|---|---|---|---|---|---|")
+    head = ("| operation | local disk | boto3, sequential | s3fs | floor | floor, writeback cache "
+            "| DelveFS strict | strict at HEAD | DelveFS eager | ratio (target) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
     head_eager = {"untar": "eager_untar_s", "untar + `delvefs sync`": "eager_untar_sync_s",
                   "`tar c` (fresh mount)": "eager_tarc_s", "`rm -rf`": "eager_rm_s",
                   "`rm -rf` + `delvefs sync`": "eager_rm_sync_s"}
     lines = [head]
-    for what, local, boto, s3fs, strict, head_strict, eager, note in rows:
+    for what, local, boto, s3fs, floor, floorwb, strict, head_strict, eager, note in rows:
         if strict is not None and head_strict is not None:
             note += f"{'; ' if note else ''}strict / HEAD {ratio(strict, head_strict)} (≤ 1×)"
         if eager is not None and base.get(head_eager.get(what)) is not None:
             note += f"{'; ' if note else ''}eager / HEAD {ratio(eager, base[head_eager[what]])}"
-        lines.append(f"| {what} | {fmt(local)} | {fmt(boto)} | {fmt(s3fs)} | {fmt(strict)} | "
-                     f"{fmt(head_strict)} | {fmt(eager)} | {note} |")
+        lines.append(f"| {what} | {fmt(local)} | {fmt(boto)} | {fmt(s3fs)} | {fmt(floor)} | {fmt(floorwb)} | "
+                     f"{fmt(strict)} | {fmt(head_strict)} | {fmt(eager)} | {note} |")
+    return "\n".join(lines)
+
+
+def ratio_table(res: dict) -> str:
+    """DelveFS's times divided by the others' (below 1: DelveFS took less time). Strict
+    compares with the floor as it is, eager with the floor using the writeback cache."""
+    g = res.get
+    rows = [("untar", "strict", "strict_untar_s", "floor_untar_s", "local_untar_s", "boto3_put_s", "s3fs_untar_s"),
+            ("untar", "eager", "eager_untar_s", "floorwb_untar_s", "local_untar_s", "boto3_put_s", "s3fs_untar_s"),
+            ("untar + `delvefs sync`", "eager", "eager_untar_sync_s", None, None, "boto3_put_s", None),
+            ("`tar c` (fresh mount)", "strict", "strict_tarc_s", "floor_tarc_s", "local_tarc_s", "boto3_get_s",
+             "s3fs_tarc_s"),
+            ("`tar c` (fresh mount)", "eager", "eager_tarc_s", "floorwb_tarc_s", "local_tarc_s", "boto3_get_s",
+             "s3fs_tarc_s"),
+            ("`rm -rf`", "strict", "strict_rm_s", "floor_rm_s", "local_rm_s", "boto3_delete_s", "s3fs_rm_s"),
+            ("`rm -rf`", "eager", "eager_rm_s", "floorwb_rm_s", "local_rm_s", "boto3_delete_s", "s3fs_rm_s"),
+            ("`rm -rf` + `delvefs sync`", "eager", "eager_rm_sync_s", None, None, "boto3_delete_s", None)]
+    lines = ["| operation | DelveFS | ÷ floor | ÷ local disk | ÷ boto3, sequential | ÷ s3fs |",
+             "|---|---|---|---|---|---|"]
+    for what, mode, delve, *others in rows:
+        if g(delve) is None:
+            continue
+        cells = ["—" if k is None or not g(k) else f"{g(delve) / g(k):.2f}×" for k in others]
+        lines.append(f"| {what} | {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -272,7 +325,8 @@ def plot(res: dict, baseline: dict | None, path: Path) -> None:
     ops = [("untar", "untar_s", "put_s"), ("untar + sync", "untar_sync_s", "put_s"),
            ("tar c", "tarc_s", "get_s"), ("rm -rf", "rm_s", "delete_s"),
            ("rm -rf + sync", "rm_sync_s", "delete_s")]
-    systems = [("local disk", "local"), ("boto3 sequential", "boto3"), ("s3fs", "s3fs"),
+    systems = [("local disk", "local"), ("boto3 sequential", "boto3"), ("s3fs", "s3fs"), ("floor", "floor"),
+               ("floor, writeback cache", "floorwb"),
                ("DelveFS strict (HEAD)", "head"), ("DelveFS strict", "strict"), ("DelveFS eager", "eager")]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(systems)
@@ -304,14 +358,17 @@ def main(argv=None) -> int:
     ap.add_argument("--only", help="comma-separated parts: " + ",".join(PARTS))
     ap.add_argument("--save", metavar="NAME", help="keep the results as results/tree-NAME.json")
     ap.add_argument("--baseline", metavar="NAME", help="compare with results/tree-NAME.json")
-    ap.add_argument("--plot", metavar="PNG", help="write a bar chart")
+    ap.add_argument("--plot", metavar="PNG", help="write a bar chart (of the last CPU mode run)")
+    add_cpu_option(ap)
     args = ap.parse_args(argv)
     parts = [p for p in (args.only.split(",") if args.only else PARTS) if p in PARTS]
+    modes = cpu_modes(args.cpus)
     tar = source_tar(args.files)
     with tarfile.open(tar) as t:
         members = [m for m in t.getmembers() if m.isfile()]
-    res: dict = {"files": len(members), "bytes": sum(m.size for m in members)}
-    log(f"tree: {res['files']} files, {res['bytes'] / 2**20:.1f} MiB ({tar})")
+    tree = {"files": len(members), "bytes": sum(m.size for m in members)}
+    results: dict = dict(tree)
+    log(f"tree: {tree['files']} files, {tree['bytes'] / 2**20:.1f} MiB ({tar})")
     with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-tree-") as d:
         work = Path(d)
         env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
@@ -325,35 +382,49 @@ def main(argv=None) -> int:
         handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
         handler.start()
         try:
-            delve = Delve(env, work, handler.url)
-            for part in parts:
-                try:
-                    if part == "local":
-                        bench_local(work, tar, res)
-                    elif part == "boto3":
-                        bench_boto3(client, work, tar, res)
-                    elif part == "strict":
-                        bench_strict(delve, client, tar, res)
-                    elif part == "eager":
-                        bench_eager(delve, client, tar, res)
-                    elif part == "s3fs":
-                        bench_s3fs(env, work, tar, res)
-                except Exception as exc:  # noqa: BLE001 — recorded; the other parts still run
-                    log(f"{part} failed: {exc}")
-                    res[f"{part}_error"] = str(exc)
+            for mode in modes:
+                log(f"--- {CPU_MODES[mode]}")
+                res = results[mode] = dict(tree)
+                here = work / mode
+                here.mkdir()
+                delve = Delve(env, here, handler.url)
+                with cpu_mode(mode):
+                    for part in parts:
+                        try:
+                            if part == "local":
+                                bench_local(here, tar, res)
+                            elif part == "boto3":
+                                bench_boto3(client, here, tar, res)
+                            elif part == "floor":
+                                bench_floor(here, tar, res)
+                            elif part == "strict":
+                                bench_strict(delve, client, tar, res)
+                            elif part == "eager":
+                                bench_eager(delve, client, tar, res)
+                            elif part == "s3fs":
+                                bench_s3fs(env, here, tar, res)
+                        except Exception as exc:  # noqa: BLE001 — recorded; the other parts still run
+                            log(f"{part} failed: {exc}")
+                            res[f"{part}_error"] = str(exc)
+                clear(client)
         finally:
             handler.close()
             clear(client)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"tree-{args.save or 'last'}.json"
-    out.write_text(json.dumps(res, indent=2))
+    out.write_text(json.dumps(results, indent=2))
     log(f"results: {out}")
-    baseline = None
-    if args.baseline:
-        baseline = json.loads((RESULTS / f"tree-{args.baseline}.json").read_text())
-    print(table(res, baseline))
+    saved = json.loads((RESULTS / f"tree-{args.baseline}.json").read_text()) if args.baseline else None
+    for mode in modes:
+        # a baseline saved before the CPU modes is one unpinned run
+        baseline = None if saved is None else (saved.get(mode) or saved.get("unpinned") or saved.get("pinned")
+                                               or saved)
+        print(f"\n{CPU_MODES[mode]}:\n")
+        print(table(results[mode], baseline))
+        print()
+        print(ratio_table(results[mode]))
     if args.plot:
-        plot(res, baseline, Path(args.plot))
+        plot(results[modes[-1]], baseline, Path(args.plot))
     return 0
 
 

@@ -1,11 +1,23 @@
-"""The comparison file systems of the mount benchmarks: s3fs-fuse on the benchmark's MinIO."""
+"""What the mount benchmarks compare with and how they run: s3fs-fuse on the benchmark's
+MinIO; the floor (benchmarks/floorfs.py: a pyfuse3 file system that does nothing, mounted
+as a DelveFS mount is); the CPU modes — pinned to one CPU or not."""
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from delvefs.client.mountpoints import mounted_fstype
+
+FLOORFS = Path(__file__).resolve().parent / "floorfs.py"
+
+# On this VM a wake-up across CPUs costs ~100 µs where one on the same CPU costs ~10:
+# pinned, what is left is the file system's own cost; unpinned adds the machine's.
+CPU_MODES = {"pinned": "Pinned to CPU 0 (`taskset -c 0`: the mount processes and the workload)",
+             "unpinned": "Unpinned (any CPU)"}
 
 
 def mount_s3fs(env: dict, work: Path, bucket: str, mountpoint: Path, timeout: float = 30) -> None:
@@ -21,3 +33,55 @@ def mount_s3fs(env: dict, work: Path, bucket: str, mountpoint: Path, timeout: fl
         if time.monotonic() > deadline:
             raise RuntimeError(f"s3fs did not mount {mountpoint} within {timeout} s")
         time.sleep(0.05)
+
+
+class FloorMount:
+    """The floor file system at ``mountpoint``, started with ``options`` (floorfs.py's)."""
+
+    def __init__(self, mountpoint: Path, *options: str):
+        self.mountpoint, self.options, self.proc = mountpoint, options, None
+        mountpoint.mkdir(parents=True, exist_ok=True)
+
+    def mount(self) -> Path:
+        """Returns once the floor answers requests (as ``delvefs mount`` returns)."""
+        self.proc = subprocess.Popen([sys.executable, str(FLOORFS), str(self.mountpoint), *self.options],
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.wait(30)
+            raise RuntimeError(f"floorfs at {self.mountpoint} exited with {self.proc.returncode}")
+        return self.mountpoint
+
+    def umount(self) -> None:
+        subprocess.run(["fusermount3", "-u", str(self.mountpoint)], check=False)
+        if mounted_fstype(str(self.mountpoint)):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)])
+        self.proc.wait(60)  # (it writes its --state file on the way out)
+        self.proc.stdout.close()
+
+    def __enter__(self) -> Path:
+        return self.mount()
+
+    def __exit__(self, *exc) -> None:
+        self.umount()
+
+
+def add_cpu_option(ap) -> None:
+    ap.add_argument("--cpus", choices=("both", *CPU_MODES), default="both",
+                    help="run pinned to CPU 0, unpinned, or both one after the other (default)")
+
+
+def cpu_modes(choice: str) -> list[str]:
+    return list(CPU_MODES) if choice == "both" else [choice]
+
+
+@contextlib.contextmanager
+def cpu_mode(mode: str):
+    """The calling thread, and every process and thread it starts meanwhile, on CPU 0 when
+    ``mode`` is "pinned" (the services started before stay where they are)."""
+    before = os.sched_getaffinity(0)
+    if mode == "pinned":
+        os.sched_setaffinity(0, {0})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

@@ -28,6 +28,7 @@ COMMANDS = {
     "principal": ("eventhandler.auth", "run_principal_command"),
     "status": ("delvefs.client.status", "run"),
     "reload": ("delvefs.client.reload", "run"),
+    "shards": ("delvefs.client.shardctl", "run"),
 }
 
 
@@ -63,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "this long (default: $DELVEFS_VIEW_TTL or 604800 = 7 days; 0 = never)")
     p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (chain)")
     p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--shard", metavar="NAME",
+                   help="be shard NAME of the shard map: serve and consume only its buckets "
+                        "(default: $DELVEFS_SHARD; none: the only handler)")
+    p.add_argument("--shard-map", metavar="MAP",
+                   help="the shard map, NAME=URL,... as the clients have it (default: $DELVEFS_HANDLER_URL)")
+    p.add_argument("--quorum-queue", action="store_true",
+                   help="declare the queue as a quorum queue (default: $DELVEFS_AMQP_QUORUM); a "
+                        "classic queue is moved over without losing a message")
     _add_logging(p)
 
     p = sub.add_parser("principal", help="issue, revoke and list the event handler's API tokens",
@@ -134,6 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("mountpoint", metavar="MOUNT")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the mount's answer (default 120)")
+
+    p = sub.add_parser("shards", help="show the shard map; move a bucket to another shard",
+                       description="show: each shard of the map ($DELVEFS_HANDLER_URL) and what it "
+                                   "answers. move BUCKET --to SHARD: the bucket's owner stops taking "
+                                   "its events, applies what is queued and forgets it; SHARD scans it "
+                                   "when mounts, told by a 421, register there. Write the placement "
+                                   "printed into the map afterwards.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("show", help="each shard, its URLs and the buckets it serves")
+    a = actions.add_parser("move", help="hand BUCKET to shard SHARD")
+    a.add_argument("bucket", metavar="BUCKET")
+    a.add_argument("--to", required=True, metavar="SHARD")
+    for a in actions.choices.values():
+        a.add_argument("--handler", metavar="MAP", help="the shard map (default: $DELVEFS_HANDLER_URL)")
 
     p = sub.add_parser("watch", help="print each file that appears in a mounted view",
                        description="Print the path of each file that appears in MOUNT/VIEW, one a "

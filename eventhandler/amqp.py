@@ -24,12 +24,21 @@ unacked messages are redelivered by the broker and re-applying them changes noth
 connection succeeds after failed attempts, the tracked buckets are reconciled: MinIO without
 a queue dir drops the events it cannot publish while the broker is away.
 
-A queue declared by an older handler without single-active-consumer cannot be redeclared
-(PRECONDITION_FAILED). The consumer then upgrades it without losing a message: it binds a
-temporary queue ``Q.upgrade`` to ``X`` and unbinds ``Q`` (every event is in one of them),
-applies what is left in ``Q`` and deletes it (only if empty and unused), declares ``Q`` anew,
-then applies and deletes ``Q.upgrade``; an interrupted upgrade resumes at the next connect.
-Events in both queues meanwhile are applied twice, which changes nothing.
+A handler that is one shard (``--shard``, eventhandler/sharding.py) gets only its own
+buckets' events, routed by the broker: a headers exchange ``X.buckets``, bound to ``X``
+(exchange-to-exchange), routes on MinIO's ``minio-bucket`` header; the shard's queue (default
+``X.shard.NAME``) has one binding per bucket it owns and tracks, made before the bucket's
+first scan begins (``bind``) and removed when it hands the bucket off (``release``). No shard
+receives another shard's events (``foreign_events`` counts any that would: zero).
+
+``--quorum-queue`` ($DELVEFS_AMQP_QUORUM=1) declares the queue as a quorum queue (replicated
+on a RabbitMQ cluster; single-active-consumer as well). A queue declared otherwise — by an
+older handler without single-active-consumer, or as the other type — cannot be redeclared
+(PRECONDITION_FAILED). The consumer then moves it without losing a message: it binds a
+temporary queue ``Q.upgrade`` as ``Q`` is bound and unbinds ``Q`` (every event is in one of
+them), applies what is left in ``Q`` and deletes it (only if empty and unused), declares
+``Q`` anew, then applies and deletes ``Q.upgrade``; an interrupted move resumes at the next
+connect. Events in both queues meanwhile are applied twice, which changes nothing.
 
 A LevelDB write that fails (``StorageError``: disk full, I/O error) is not the events' fault:
 nothing of that batch is acked or dead-lettered, the consumer closes its connection (the
@@ -53,10 +62,21 @@ from .statedb import StorageError
 log = logging.getLogger("delvefs.eventhandler.amqp")
 
 
-def queue_names(exchange: str, queue: str | None = None) -> tuple[str, str]:
-    """(handler queue, its dead-letter exchange/queue) for an exchange."""
-    queue = queue or os.environ.get("DELVEFS_AMQP_QUEUE") or f"{exchange}.handler"
+def queue_names(exchange: str, queue: str | None = None, shard: str | None = None) -> tuple[str, str]:
+    """(handler queue, its dead-letter exchange/queue) for an exchange (and a shard)."""
+    queue = queue or os.environ.get("DELVEFS_AMQP_QUEUE") or (
+        f"{exchange}.shard.{shard}" if shard else f"{exchange}.handler")
     return queue, f"{queue}.dead"
+
+
+def bucket_exchange(exchange: str) -> str:
+    """The headers exchange that routes a sharded deployment's events by bucket."""
+    return f"{exchange}.buckets"
+
+
+def bucket_binding(bucket: str) -> dict:
+    """The arguments of a shard queue's binding for one bucket (MinIO's header)."""
+    return {"x-match": "all", "minio-bucket": bucket}
 
 
 def declare_exchange(channel, exchange: str) -> None:
@@ -64,7 +84,7 @@ def declare_exchange(channel, exchange: str) -> None:
     channel.exchange_declare(exchange, exchange_type="fanout", durable=True)
 
 
-UPGRADE_SUFFIX = ".upgrade"  # the temporary queue of an upgrade to single-active-consumer
+UPGRADE_SUFFIX = ".upgrade"  # the temporary queue while a queue is declared anew
 PRECONDITION_FAILED = 406
 NOT_FOUND = 404
 
@@ -79,18 +99,35 @@ def _is_upgrade_probe(record: logging.LogRecord) -> bool:
 logging.getLogger("pika.channel").addFilter(lambda record: not _is_upgrade_probe(record))
 
 
-def queue_arguments(dead: str) -> dict:
-    return {"x-dead-letter-exchange": dead, "x-single-active-consumer": True}
+def queue_arguments(dead: str, quorum: bool = False) -> dict:
+    args = {"x-dead-letter-exchange": dead, "x-single-active-consumer": True}
+    if quorum:  # replicated (Raft) on a cluster; needs durable, which every handler queue is
+        args["x-queue-type"] = "quorum"
+    return args
 
 
-def declare(channel, exchange: str, queue: str, dead: str) -> int:
-    """Declare the topology; returns how many consumers the queue already has."""
+def declare_bucket_exchange(channel, exchange: str) -> str:
+    """A sharded deployment's routing: the headers exchange bound to MinIO's exchange."""
+    routing = bucket_exchange(exchange)
+    channel.exchange_declare(routing, exchange_type="headers", durable=True)
+    channel.exchange_bind(routing, exchange)
+    return routing
+
+
+def declare(channel, exchange: str, queue: str, dead: str, *, quorum: bool = False,
+            sharded: bool = False) -> int:
+    """Declare the topology; returns how many consumers the queue already has. Unsharded,
+    the queue is bound to the exchange itself; ``sharded``, to nothing yet (its buckets'
+    bindings to the bucket exchange are the consumer's)."""
     declare_exchange(channel, exchange)
     channel.exchange_declare(dead, exchange_type="fanout", durable=True)
     channel.queue_declare(dead, durable=True)
     channel.queue_bind(dead, dead)
-    declared = channel.queue_declare(queue, durable=True, arguments=queue_arguments(dead))
-    channel.queue_bind(queue, exchange)
+    declared = channel.queue_declare(queue, durable=True, arguments=queue_arguments(dead, quorum))
+    if sharded:
+        declare_bucket_exchange(channel, exchange)
+    else:
+        channel.queue_bind(queue, exchange)
     return declared.method.consumer_count
 
 
@@ -105,10 +142,12 @@ def queue_depth(channel, queue: str) -> int:
     return queue_stats(channel, queue).message_count
 
 
-def lacks_single_active_consumer(exc: Exception) -> bool:
-    """The broker refused to redeclare a queue declared without single-active-consumer."""
+def declared_otherwise(exc: Exception) -> bool:
+    """The broker refused to redeclare a queue declared with other arguments: without
+    single-active-consumer (an older handler), or of the other type (classic / quorum)."""
     return (isinstance(exc, pika.exceptions.ChannelClosedByBroker)
-            and exc.reply_code == PRECONDITION_FAILED and "x-single-active-consumer" in exc.reply_text)
+            and exc.reply_code == PRECONDITION_FAILED
+            and ("x-single-active-consumer" in exc.reply_text or "x-queue-type" in exc.reply_text))
 
 
 def other_consumers_message(queue: str, n: int) -> str:
@@ -165,11 +204,19 @@ class Consumer(threading.Thread):
     kind = "amqp"  # the event source, as /healthz and /v1/status name it
 
     def __init__(self, url: str, exchange: str, engine, metrics, *, queue: str | None = None,
-                 prefetch: int = 4000, max_batch: int = 2000, on_fatal=None):
+                 prefetch: int = 4000, max_batch: int = 2000, on_fatal=None, sharding=None,
+                 quorum: bool = False):
         super().__init__(name="delvefs-amqp", daemon=True)
         self.url = url
         self.exchange = exchange
-        self.queue, self.dead = queue_names(exchange, queue)
+        # a shard (eventhandler/sharding.py) binds its queue for each bucket it owns
+        self.sharding = sharding
+        self.quorum = quorum
+        self.queue, self.dead = queue_names(exchange, queue, sharding.shard if sharding else None)
+        self._conn = None  # the connection while consuming (bindings change through it)
+        self._channel = None  # its consuming channel
+        self._bound_for: frozenset | None = None  # the tracked buckets the bindings were made for
+        self._in_hand = 0  # messages received and not yet applied
         self.engine = engine
         self.metrics = metrics
         self.prefetch = prefetch
@@ -228,6 +275,7 @@ class Consumer(threading.Thread):
         params.socket_timeout = 5
         params.stack_timeout = 5  # a broker that accepts TCP but stalls (still booting): retry
         conn = pika.BlockingConnection(params)
+        self._bound_for = None
         try:
             ch, others = self._declare(conn)
             if self._stopping.is_set():  # while an upgrade drained a queue
@@ -240,10 +288,14 @@ class Consumer(threading.Thread):
                 self.unreachable_since = None
             if others:
                 log.error("%s", other_consumers_message(self.queue, others))
-            log.info("consuming %s (bound to exchange %s; single active consumer)",
-                     self.queue, self.exchange)
+            log.info("consuming %s (%s queue bound to %s; single active consumer)", self.queue,
+                     "quorum" if self.quorum else "classic",
+                     f"{bucket_exchange(self.exchange)} for the buckets of shard {self.sharding.shard}"
+                     if self.sharding else f"exchange {self.exchange}")
+            self._conn = conn
             self._receive(conn, ch, self.queue)
         finally:
+            self._conn = self._channel = None
             self.connected.clear()
             try:
                 if conn.is_open:
@@ -271,27 +323,102 @@ class Consumer(threading.Thread):
         """A channel with the topology declared (upgrading a queue of an older handler
         first) and how many other consumers the queue has."""
         ch = conn.channel()
+        options = {"quorum": self.quorum, "sharded": self.sharding is not None}
         try:
-            others = declare(ch, self.exchange, self.queue, self.dead)
+            others = declare(ch, self.exchange, self.queue, self.dead, **options)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if not lacks_single_active_consumer(exc):
+            if not declared_otherwise(exc):
                 raise
-            self._upgrade_queue(conn)
+            self._upgrade_queue(conn, exc.reply_text)
             if self._stopping.is_set():  # resumed at the next start
                 return ch, 0
             ch = conn.channel()
-            others = declare(ch, self.exchange, self.queue, self.dead)
+            others = declare(ch, self.exchange, self.queue, self.dead, **options)
+        self._sync_bindings(ch, self.queue)
         self._finish_upgrade(conn)
         return ch, others
 
-    def _upgrade_queue(self, conn) -> None:
+    # ---- a shard's bindings: one per bucket it owns and tracks -----------------------
+
+    def _owned_tracked(self) -> set[str]:
+        return {b for b in self.engine.tracked if self.sharding.owns(b)}
+
+    def _sync_bindings(self, ch, queue: str) -> None:
+        """Bind ``queue`` for every tracked bucket the shard owns, unbind the buckets it
+        handed off (consumer thread). Unsharded: nothing to do."""
+        if self.sharding is None:
+            return
+        tracked = self.engine.tracked
+        routing = bucket_exchange(self.exchange)
+        for bucket in sorted(self._owned_tracked()):
+            ch.queue_bind(queue, routing, arguments=bucket_binding(bucket))
+        for bucket in sorted(b for b, owner in self.sharding.handoffs.items() if owner != self.sharding.shard):
+            ch.queue_unbind(queue, routing, arguments=bucket_binding(bucket))
+        self._bound_for = tracked
+
+    def _on_consumer_thread(self, fn, timeout: float = 30.0):
+        """Run ``fn(channel)`` on the consumer thread between two batches and return what it
+        returns; None when not connected (the next connect does the bindings)."""
+        conn, result, done = self._conn, [], threading.Event()
+        if conn is None or self._channel is None:
+            return None
+
+        def call() -> None:
+            try:
+                result.append(fn(self._channel))
+            except Exception as exc:  # the caller sees it
+                result.append(exc)
+            done.set()
+        try:
+            conn.add_callback_threadsafe(call)
+        except Exception:  # the connection is closing
+            return None
+        if not done.wait(timeout):
+            return None
+        if isinstance(result[0], Exception):
+            raise result[0]
+        return result[0]
+
+    def bind(self, buckets) -> None:
+        """Bind the shard's queue for ``buckets`` before their first scans begin, so that no
+        event of theirs is routed nowhere meanwhile (any thread but the consumer's)."""
+        if self.sharding is None or threading.current_thread() is self:
+            return
+        routing = bucket_exchange(self.exchange)
+
+        def bind_them(ch) -> bool:
+            for bucket in buckets:
+                ch.queue_bind(self.queue, routing, arguments=bucket_binding(bucket))
+            return True
+        self._on_consumer_thread(bind_them)
+
+    def release(self, bucket: str, timeout: float = 60.0) -> bool:
+        """Unbind ``bucket`` (handed to another shard), then wait until the queue holds no
+        event routed here before (the drain). False when not connected or not drained
+        within ``timeout`` (its state is forgotten anyway: the new owner scans it)."""
+        routing = bucket_exchange(self.exchange)
+
+        def unbind(ch) -> bool:
+            ch.queue_unbind(self.queue, routing, arguments=bucket_binding(bucket))
+            return True
+        if not self._on_consumer_thread(unbind):
+            return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._on_consumer_thread(lambda ch: queue_depth(ch, self.queue) == 0 and not self._in_hand):
+                return True
+            self._stopping.wait(0.05)
+        return False
+
+    def _upgrade_queue(self, conn, why: str) -> None:
         upgrade = self.queue + UPGRADE_SUFFIX
-        log.warning("queue %s was declared by an older handler without single-active-consumer: "
-                    "upgrading it (events go to %s meanwhile; no message is lost)", self.queue, upgrade)
+        log.warning("queue %s was declared otherwise (%s): redeclaring it as a %s queue with "
+                    "single-active-consumer (events go to %s meanwhile; no message is lost)",
+                    self.queue, why, "quorum" if self.quorum else "classic", upgrade)
         ch = conn.channel()
         ch.queue_declare(upgrade, durable=True, arguments={"x-dead-letter-exchange": self.dead})
-        ch.queue_bind(upgrade, self.exchange)
-        ch.queue_unbind(self.queue, self.exchange)  # from here on every event is in `upgrade`
+        self._bind_whole(ch, upgrade, bind=True)
+        self._bind_whole(ch, self.queue, bind=False)  # from here on every event is in `upgrade`
         ch.close()
         self._drain_and_delete(conn, self.queue)
 
@@ -305,11 +432,23 @@ class Consumer(threading.Thread):
             if exc.reply_code == NOT_FOUND:
                 return
             raise
-        ch.queue_unbind(upgrade, self.exchange)  # the queue is declared and bound again
+        self._bind_whole(ch, upgrade, bind=False)  # the queue is declared and bound again
         ch.close()
         self._drain_and_delete(conn, upgrade)
         if not self._stopping.is_set():
-            log.warning("queue %s upgraded to single-active-consumer", self.queue)
+            log.warning("queue %s declared anew (%s, single-active-consumer)", self.queue,
+                        "quorum" if self.quorum else "classic")
+
+    def _bind_whole(self, ch, queue: str, *, bind: bool) -> None:
+        """Bind (or unbind) ``queue`` as the handler's queue is bound: to the exchange, or
+        for each bucket of the shard."""
+        op = ch.queue_bind if bind else ch.queue_unbind
+        if self.sharding is None:
+            op(queue, self.exchange)
+            return
+        declare_bucket_exchange(ch, self.exchange)
+        for bucket in sorted(self._owned_tracked()):
+            op(queue, bucket_exchange(self.exchange), arguments=bucket_binding(bucket))
 
     def _drain_and_delete(self, conn, queue: str) -> None:
         """Apply every message of ``queue`` (bound to nothing any more), then delete it."""
@@ -339,7 +478,12 @@ class Consumer(threading.Thread):
         buf: list = []
         append = buf.append
         tag = ch.basic_consume(queue, lambda _c, m, p, b: append((m.delivery_tag, p, b)))
+        if not until_empty:
+            self._channel = ch
         while not self._stopping.is_set():
+            if self.sharding is not None and self._bound_for is not self.engine.tracked and not until_empty:
+                self._sync_bindings(ch, queue)  # buckets tracked since (bind() does it sooner)
+            self._in_hand = len(buf)
             conn.process_data_events(time_limit=0.2)
             # take what is already here: keep reading while the socket delivers a backlog (big
             # batches under load), stop at a trickle (waiting for one would add latency)
@@ -364,11 +508,18 @@ class Consumer(threading.Thread):
         """Apply a batch, then reject (dead-letter) the unusable messages and ack the rest
         (eventhandler/batches.py)."""
         tracked = self.engine.tracked
+        sharding = self.sharding
         messages = []
         dropped = 0
         for tag, props, body in batch:
             bucket = message_bucket(props.headers)
             if bucket is not None and bucket not in tracked:
+                dropped += 1
+                if sharding is not None and not sharding.owns(bucket):
+                    sharding.foreign_events += 1  # routed here though another shard owns it
+                continue
+            if sharding is not None and bucket is not None and not sharding.owns(bucket):
+                sharding.foreign_events += 1  # handed off, not released yet: its state goes
                 dropped += 1
                 continue
             try:

@@ -136,8 +136,11 @@ def _key(text: str, what: str) -> str:
 
 class Api:
     def __init__(self, engine, consumer, metrics, auth: Authenticator, grants: Grants,
-                 s3_endpoint: str | None, *, proof_timeout: float = 10.0):
+                 s3_endpoint: str | None, *, proof_timeout: float = 10.0, sharding=None):
         self.engine = engine
+        # this handler's shard (eventhandler/sharding.py); None: the only handler, no map
+        self.sharding = sharding
+        self.shard: str | None = sharding.shard if sharding is not None else None
         self.consumer = consumer
         self.metrics = metrics
         self.auth = auth
@@ -162,6 +165,8 @@ class Api:
         app.router.add_get("/v1/objects/{bucket}/{key:.+}", self.lookup)
         app.router.add_post("/v1/reconcile", self.reconcile)
         app.router.add_get("/v1/status", self.status)
+        app.router.add_get("/v1/shards", self.shards)
+        app.router.add_post("/v1/shards/handoff", self.handoff)
         app.router.add_get("/healthz", self.health)
         app.router.add_get("/metrics", self.prom)
         app.on_startup.append(self._startup)
@@ -210,6 +215,13 @@ class Api:
         except Unauthorized as exc:
             raise ApiError(401, "unauthorized", str(exc)) from None
 
+    def _owned(self, bucket: str) -> None:
+        """Returns when this handler serves ``bucket``; else 421 naming its owner."""
+        if self.sharding is not None and not self.sharding.owns(bucket):
+            fields = self.sharding.misdirected(bucket)
+            raise ApiError(421, "misdirected", f"bucket {bucket!r} belongs to shard {fields['owner']!r} "
+                           f"({', '.join(fields['urls'])}), not to shard {self.shard!r}", **fields)
+
     def _authorize(self, principal: str, bucket: str, key: str, unknown: ApiError) -> None:
         """Returns when ``principal`` holds a grant of ``bucket`` covering ``key``; raises
         ``unknown`` (the answer for what does not exist) when it holds none."""
@@ -232,6 +244,7 @@ class Api:
         if info is None:
             raise unknown
         self._authorize(request["principal"], info.bucket, info.view.root, unknown)
+        self._owned(info.bucket)  # a bucket being handed off
         self.engine.touch(info)  # in use: not forgotten (--view-ttl)
         return info
 
@@ -240,8 +253,9 @@ class Api:
 
     # ---- proofs ------------------------------------------------------------------
 
-    def _proof_urls(self, proof) -> list[tuple[str, str]]:
-        """(bucket, URL) pairs of a request's ``proof``: {bucket: URL or [URL, ...]}."""
+    def _proof_urls(self, proof, *, owned: bool = True) -> list[tuple[str, str]]:
+        """(bucket, URL) pairs of a request's ``proof``: {bucket: URL or [URL, ...]}, of
+        buckets this shard serves (``owned``; else 421)."""
         if proof is None:
             return []
         if not isinstance(proof, dict):
@@ -250,6 +264,8 @@ class Api:
         for bucket, urls in proof.items():
             if not valid_bucket(bucket):
                 raise ApiError(400, "bad_request", f"proof names no valid bucket: {str(bucket)[:80]!r}")
+            if owned:
+                self._owned(bucket)
             urls = [urls] if isinstance(urls, str) else urls
             if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
                 raise ApiError(400, "bad_request", f"proof of bucket {bucket!r}: a URL or a list of URLs")
@@ -331,6 +347,7 @@ class Api:
                 raise ApiError(400, "invalid_view", bucket_glob_message(name, bucket))
             if not valid_bucket(bucket):
                 raise ApiError(400, "invalid_view", f"view {name!r}: {bucket[:80]!r} is no valid bucket name")
+            self._owned(bucket)
             try:  # the root every key of the view starts with: what a proof must cover
                 root = View.from_filter_spec(name, v["spec"]).root
             except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
@@ -509,6 +526,7 @@ class Api:
     async def lookup(self, request: web.Request):
         bucket, key = self._object_path(request)
         principal = request["principal"]
+        self._owned(bucket)
         unknown = ApiError(404, "not_found", f"no object {bucket}/{key} known to the handler "
                            "(or none that you may read)")
         self._authorize(principal, bucket, key, unknown)
@@ -525,6 +543,7 @@ class Api:
         if bucket is not None:
             if not valid_bucket(bucket):
                 raise ApiError(400, "bad_request", f"{bucket[:80]!r} is no valid bucket name")
+            self._owned(bucket)
             unknown = ApiError(404, "not_found", f"bucket {bucket!r} is not tracked (no view names it), "
                                "or you hold no proof of list rights on all of it")
             if bucket not in self.engine.buckets:
@@ -616,6 +635,55 @@ class Api:
         return reply(request, {"principal": principal, "uptime": round(now - self.started, 3),
                                "source": source, "buckets": buckets, "views": views,
                                "dead_letters": {"count": count, "recent": recent}})
+
+    # ---- shards ----------------------------------------------------------------------
+
+    async def shards(self, request: web.Request):
+        """The shard map this handler serves (docs/API.md, ``GET /v1/shards``)."""
+        if self.sharding is None:
+            return reply(request, {"shard": None, "shards": None, "placements": {}})
+        sharding = self.sharding
+        readable = self.grants.buckets(request["principal"])
+        owned = sorted(b for b in self.engine.buckets if b in readable and sharding.owns(b))
+        return reply(request, {"shard": sharding.shard, **sharding.map.as_json(),
+                               "map": sharding.map.text(), "buckets": owned,
+                               "foreign_events": sharding.foreign_events})
+
+    async def handoff(self, request: web.Request):
+        """Place a bucket on shard ``to``: ``{"bucket", "to", "proof"}`` from a principal
+        that may list the whole bucket, sent to every shard (``delvefs shards move``: to
+        ``to`` first, its old owner last). ``to`` itself takes the bucket (it binds and
+        scans it when mounts register there). Any other shard answers 421 naming ``to``
+        from then on; the old owner stops receiving the bucket's events, applies what is
+        queued, and forgets its views and records."""
+        if self.sharding is None:
+            raise ApiError(400, "bad_request", "this handler is no shard (it has no shard map)")
+        body = await read_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("bucket"), str) \
+                or not isinstance(body.get("to"), str):
+            raise ApiError(400, "bad_request", 'body must be {"bucket", "to", "proof": {bucket: URL}}')
+        bucket, to = body["bucket"], body["to"]
+        if not valid_bucket(bucket):
+            raise ApiError(400, "bad_request", f"{bucket[:80]!r} is no valid bucket name")
+        if to not in self.sharding.map.shards:
+            raise ApiError(400, "bad_request", f"no shard {to!r} in the map")
+        principal = request["principal"]
+        await self._accept_proofs(principal, self._proof_urls(body.get("proof"), owned=False))
+        if self.grants.status(principal, bucket, "") != GRANTED:
+            raise ApiError(403, "forbidden", f"handing off bucket {bucket!r} needs a proof of list "
+                           "rights on all of it", bucket=bucket)
+        was_owner = self.sharding.owner(bucket)
+        loop = asyncio.get_running_loop()
+        self.sharding.hand_off(bucket, to)  # from here on: 421 for it, unless it is ours now
+        drained = {"unbound": False, "forgotten": []} if to == self.shard else \
+            await loop.run_in_executor(None, self._release, bucket, to)
+        log.warning("%s handed bucket %s from shard %s to shard %s", principal, bucket, was_owner, to)
+        return reply(request, {"bucket": bucket, "from": was_owner, "to": to, **drained})
+
+    def _release(self, bucket: str, to: str) -> dict:
+        unbound = self.consumer.release(bucket) if hasattr(self.consumer, "release") else False
+        views = self.engine.release_bucket(bucket, f"handed off to shard {to}")
+        return {"unbound": unbound, "forgotten": views}
 
     async def prom(self, request: web.Request):
         return web.Response(body=generate_latest(self.metrics.registry),

@@ -84,6 +84,9 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         self.view_ttl = view_ttl  # views no mount used this long are forgotten (0: never)
         self.started = time.time()
         self._listeners = []
+        # called with the buckets whose first scans are about to begin (a shard binds its queue
+        # for them first: eventhandler/amqp.py); any thread but the consumer's
+        self.before_first_scans = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._tag_results: queue.SimpleQueue = queue.SimpleQueue()
@@ -306,6 +309,8 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
                 bs.tags = bs.tags or b in self.tag_buckets
                 wb.put(r.k_bucket(b), bs.record())
             self.store.write(wb)
+        if scans and self.before_first_scans is not None:
+            self.before_first_scans(scans)
         for b in scans:
             self._submit_job(b, "scan", self._first_scan, b)
         for b in rematch:
@@ -362,6 +367,28 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         self._clearing[slot] = info.bucket
         self._recompile()
         self._submit_job(info.bucket, f"clear slot {slot}", self._clear_slot, slot, info.bucket)
+
+    def release_bucket(self, bucket: str, reason: str) -> list[str]:
+        """Forget a bucket another shard now owns: its views, then (once the jobs of the
+        bucket are done) every record of it, so that it is scanned afresh should it come
+        back. Returns the ids of the views forgotten. Blocks: not on the event loop."""
+        with self.lock:
+            gone = [info for info in self.infos if info.bucket == bucket]
+            for info in gone:
+                self._forget(info, None, reason)
+            jobs = [fut for (b, _kind), fut in self._job_futures.items() if b == bucket]
+        for fut in jobs:
+            try:
+                fut.result()
+            except Exception:  # logged by the job; the records go anyway
+                pass
+        with self.lock:
+            deleted = self.store.delete_bucket(bucket)
+            self.buckets.pop(bucket, None)
+            self._recompile()
+        log.warning("released bucket %s (%s): %d views forgotten, %d records deleted",
+                    bucket, reason, len(gone), deleted)
+        return [info.id for info in gone]
 
     def _clear_slot(self, slot: int, bucket: str) -> int:
         """Clear ``slot`` from ``slots`` and ``ever`` of every record of ``bucket`` (moving

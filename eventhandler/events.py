@@ -8,6 +8,9 @@ What MinIO (the pinned server) emits, checked by experiment (see tests/unit/test
   ``s3:ObjectCreated:PutTagging`` and ``s3:ObjectCreated:DeleteTagging`` (tagging events are
   *ObjectCreated*, not ObjectRemoved), ``s3:ObjectRemoved:Delete|DeleteMarkerCreated|NoOP``.
 - ``s3.object.key`` is URL-encoded with ``+`` for space (``a b+c.txt`` -> ``a+b%2Bc.txt``).
+  A key is UTF-8 (S3's rule): one whose escapes decode to other bytes is an invalid event.
+  Every other key is taken as it is, a NUL byte too (AWS S3 allows it; the mounts decide
+  what to show).
 - ``s3.object.sequencer`` is 16 hex digits: the object's ModTime in ns for creates (and for
   tagging events: the *same* sequencer as the version they tag), the event time in ns for
   removes. Sequencers of one key are compared as integers (equal to comparing zero-padded hex).
@@ -134,7 +137,13 @@ def parse_record(record) -> Event:
         kind = event_kind(name)
         if len(_KINDS) < 64:
             _KINDS[name] = kind
-    key = unquote_plus(raw_key) if ("%" in raw_key or "+" in raw_key) else raw_key
+    if "%" in raw_key or "+" in raw_key:
+        try:  # S3 keys are UTF-8: an escape that is not names no key (never a replaced one)
+            key = unquote_plus(raw_key, errors="strict")
+        except UnicodeDecodeError:
+            raise InvalidEvent(f"key {raw_key[:200]!r} is not percent-encoded UTF-8") from None
+    else:
+        key = raw_key
     if kind == REMOVE:
         return Event(REMOVE, bucket, key, seq, name=name)
     size = obj.get("size", 0)

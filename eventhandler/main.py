@@ -33,7 +33,9 @@ Environment (besides config.py's): ``DELVEFS_RECONCILE_INTERVAL`` (seconds; defa
 key's tombstone is kept; default 86400), ``DELVEFS_VIEW_TTL`` (seconds, or ``--view-ttl``: views
 no mount used this long are forgotten; default 604800 = 7 days, 0 = never),
 ``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``), ``DELVEFS_LOG_LEVEL``
-(default INFO; ``--log-level``, ``--debug`` and ``--log-file`` win); for the SQS source
+(default INFO; ``--log-level``, ``--debug`` and ``--log-file`` win); ``DELVEFS_SHARD`` (or
+``--shard``: this handler is that shard of the map in ``--shard-map`` / $DELVEFS_HANDLER_URL,
+eventhandler/sharding.py), ``DELVEFS_AMQP_QUORUM`` (or ``--quorum-queue``); for the SQS source
 ``DELVEFS_SQS_POLLERS`` and ``DELVEFS_SQS_VISIBILITY`` (eventhandler/sqs.py);
 ``DELVEFS_SCAN_LOG_INTERVAL`` (seconds between a listing's progress lines; default 5). Under systemd
 (``Type=notify``) it sends ``READY=1`` once its API answers (active or standing by) and
@@ -136,9 +138,22 @@ def run(args) -> int:
             log.info("stopped while standing by")
             return 0
         lock.record_holder(f"{host}:{port}")
+        sharding = None
+        shard = config.handler_shard(getattr(args, "shard", None))
+        if shard:  # one shard of several (eventhandler/sharding.py)
+            from delvefs.shared.shards import ShardMap, ShardMapError
+
+            from .sharding import Sharding
+            try:
+                sharding = Sharding(shard, ShardMap.parse(config.shard_map_text(
+                    getattr(args, "shard_map", None))), state_dir)
+            except ShardMapError as exc:
+                log.error("%s", exc)
+                return 2
+            log.info("shard %s of %s", shard, sharding.map.text())
         store = Store(str(state_dir / "leveldb"))
         stack.callback(store.close)
-        metrics = Metrics(shard=config.shard())
+        metrics = Metrics(shard=shard or "0")  # ("0": the only handler)
         fatal: list[str] = []  # why the handler must stop (its state cannot be written)
 
         def stop_for(reason: str) -> None:  # any thread
@@ -153,14 +168,16 @@ def run(args) -> int:
         sqs_queue = config.sqs_queue(getattr(args, "sqs_queue", None))
         if sqs_queue:  # AWS S3: notifications arrive through SQS (eventhandler/sqs.py)
             from .sqs import SqsConsumer
-            consumer = SqsConsumer(sqs_queue, engine, metrics, on_fatal=stop_for,
+            consumer = SqsConsumer(sqs_queue, engine, metrics, on_fatal=stop_for, sharding=sharding,
                                    dead_letter_url=config.sqs_dead_letter_queue(
                                        getattr(args, "sqs_dead_letter_queue", None)))
             consumer.start()
             stack.callback(consumer.stop)
         else:
             consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),
-                                engine, metrics, on_fatal=stop_for)
+                                engine, metrics, on_fatal=stop_for, sharding=sharding,
+                                quorum=config.amqp_quorum(getattr(args, "quorum_queue", False)))
+            engine.before_first_scans = consumer.bind
             consumer.start()
             stack.callback(consumer.stop)
             lag = LagMonitor(consumer.url, consumer.queue, metrics.set_queue_depth,
@@ -169,7 +186,8 @@ def run(args) -> int:
             stack.callback(lag.stop)
         grants = Grants(state_dir / GRANTS_FILE)  # read now: a standby's copy would be stale
         auth.on_revoked = grants.forget
-        api = Api(engine, consumer, metrics, auth, grants, config.S3Settings.from_env().endpoint_url)
+        api = Api(engine, consumer, metrics, auth, grants, config.S3Settings.from_env().endpoint_url,
+                  sharding=sharding)
         gc_stop = threading.Event()
         threading.Thread(target=quiet_gc, args=(gc_stop,), name="delvefs-gc", daemon=True).start()
         stack.callback(gc_stop.set)

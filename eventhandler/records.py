@@ -208,6 +208,13 @@ def held_prefix(bucket: str) -> bytes:
     return b"E" + bucket.encode() + b"\0"
 
 
+def bucket_prefixes(bucket: str) -> list[bytes]:
+    """The prefixes of every record of one bucket (its bucket record aside): what a shard
+    deletes when the bucket moves to another one."""
+    return [obj_prefix(bucket), member_prefix(bucket), change_prefix(bucket),
+            tagwait_prefix(bucket.encode()), held_prefix(bucket)]
+
+
 def k_held(bucket: str, n: int) -> bytes:
     return held_prefix(bucket) + _V.pack(n)
 

@@ -150,9 +150,11 @@ class SqsConsumer:
 
     def __init__(self, queue_url: str, engine, metrics, *, dead_letter_url: str | None = None,
                  pollers: int | None = None, wait: int = 20, visibility: int | None = None,
-                 client_factory=None, on_fatal=None, monitor_interval: float = 5.0):
+                 client_factory=None, on_fatal=None, monitor_interval: float = 5.0, sharding=None):
         s3.sqs_endpoint(queue_url)  # a malformed URL fails the start, not every poll
         self.queue = queue_url
+        # a shard's own queue: each bucket's notifications go to its owner's (delvefs notify)
+        self.sharding = sharding
         self.dead = dead_letter_url
         self.engine = engine
         self.metrics = metrics
@@ -323,6 +325,9 @@ class SqsConsumer:
                                          body=body.encode()))
                 continue
             kept = [e for e in events if e.bucket in tracked]
+            if self.sharding is not None:  # a bucket wired to this queue that another shard owns
+                self.sharding.foreign_events += sum(1 for e in events if not self.sharding.owns(e.bucket))
+                kept = [e for e in kept if self.sharding.owns(e.bucket)]
             dropped += len(events) - len(kept)
             if kept:
                 messages.append(Received(m["receipt"], kept, body=body.encode()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import logging
 from collections.abc import Iterator
 
@@ -66,6 +67,22 @@ class Store:
     @staticmethod
     def write(batch) -> None:
         batch.write()
+
+    def delete_bucket(self, bucket: str, chunk: int = 10000) -> int:
+        """Delete one bucket's records, ``chunk`` keys per write; returns how many."""
+        n = 0
+        for prefix in r.bucket_prefixes(bucket):
+            while True:
+                with self.db.iterator(start=prefix, stop=_prefix_end(prefix), include_value=False) as it:
+                    keys = list(itertools.islice(it, chunk))
+                if not keys:
+                    break
+                with self.db.write_batch() as wb:
+                    for k in keys:
+                        wb.delete(k)
+                n += len(keys)
+        self.db.delete(r.k_bucket(bucket))
+        return n
 
     # reads
     def get_object(self, bucket: str, key: str) -> list | None:

@@ -8,9 +8,10 @@
 #      is; otherwise Go's own toolchain module (golang.org/toolchain, through the Go module
 #      proxy, checksum-verified by the installed go) into $GO_DIR;
 #   3. a pinned MinIO server built with `go install` into $DELVEFS_BIN (outside the repo);
-#   4. .venv/ with pyfuse3 built from its pinned sdist with the fallocate and
-#      copy_file_range handlers of contrib/pyfuse3 (first, so that the project's
-#      `pyfuse3>=3.3` finds it installed), then the project installed editable (C extension
+#   4. .venv/ with pyfuse3 built from its pinned sdist with contrib/pyfuse3's patches
+#      (fallocate and copy_file_range; KILLPRIV and the session loop; rebuilt when a patch
+#      changes) first, so that the project's
+#      `pyfuse3>=3.3` finds it installed; then the project installed editable (C extension
 #      compiled) plus test extras, re-installed only when pyproject.toml or native/ changed
 #      (plyvel's wheel carries LevelDB: no LevelDB headers are needed);
 #   5. as root: the fstab helper /sbin/mount.fuse.delvefs (docs/CONFIGURATION.md).
@@ -27,7 +28,7 @@ GO_MINIMUM=1.24
 DELVEFS_BIN=${DELVEFS_BIN:-$HOME/.cache/delvefs/bin}
 GO_DIR="$(dirname "$DELVEFS_BIN")/$GO_TOOLCHAIN"  # where a fetched toolchain goes
 APT_PACKAGES=(build-essential python3-dev python3-venv ca-certificates
-              fuse3 libfuse3-dev pkg-config rabbitmq-server s3fs rclone bowtie2 samtools docker-compose)
+              fuse3 libfuse3-dev pkg-config rabbitmq-server s3fs rclone bowtie2 samtools docker-compose dbench)
 
 log() { printf '[bootstrap %s] %s\n' "$(date +%T)" "$*"; }
 started=$(date +%s)

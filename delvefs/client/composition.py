@@ -124,6 +124,7 @@ async def serve(settings, views, ready) -> None:
             # the request loop now runs: a stat answers, so the mount is ready
             st = await trio.to_thread.run_sync(os.stat, mountpoint)
             fuse_adapter.raise_read_ahead(st.st_dev)  # sequential reads in 1 MiB requests
+            fuse_adapter.log_killpriv()
             nursery.start_soon(core.prefetch)
             ready()
             sdnotify.ready(f"mounted {len(views)} views at {mountpoint}")

@@ -163,13 +163,16 @@ class DataCache:
     # ------------------------------------------------------------------ opening
 
     async def fetch(self, store, bucket: str, key: str, *, etag: str, size: int, ttl: float,
-                    want: tuple[int, int] | None = None) -> tuple[CacheEntry, dict | None]:
+                    want: tuple[int, int] | None = None,
+                    exact: bool = False) -> tuple[CacheEntry, dict | None]:
         """The cache entry of ``bucket/key``'s current version, opened (``opens`` + 1: the
         caller must ``release`` it), and the object's HEAD answer when one was made (the
         caller updates its metadata from it). ``etag``/``size`` are what the listing says.
         With ``want`` = (start, end), those bytes are ensured too (the whole object when it
         is small): a listing that was behind S3 shows there (412, 404), and the entry moves
-        to the version S3 has. Raises StoreError (ENOENT when the object is gone)."""
+        to the version S3 has. ``exact``: version ``etag`` and no other (the kernel holds
+        pages of it): never moved, and its bytes gone from S3 are a StoreError. Raises
+        StoreError (ENOENT when the object is gone)."""
         k = (bucket, key)
         info = None
         for attempt in range(5):
@@ -179,10 +182,11 @@ class DataCache:
             now = trio.current_time()
             # within ttl a copy is trusted — unless the listing names another version than it
             if not (entry is not None and entry.etag is not None and (
-                    entry.dirty or (now - entry.validated < ttl and (not etag or etag == entry.etag)))):
+                    entry.dirty or (exact and etag == entry.etag)
+                    or (now - entry.validated < ttl and (not etag or etag == entry.etag)))):
                 ev = self._busy[k] = trio.Event()
                 try:
-                    if entry is not None and entry.etag is not None and info is None:
+                    if entry is not None and entry.etag is not None and info is None and not exact:
                         info = await self._head(store, bucket, key)
                         if info["etag"] == entry.etag:
                             entry.validated = trio.current_time()
@@ -206,7 +210,7 @@ class DataCache:
                 if not isinstance(exc, StoreError):
                     raise
                 stale = isinstance(exc, Changed) or exc.errno == errno.ENOENT
-                if not stale or entry.dirty or attempt == 4:
+                if not stale or entry.dirty or attempt == 4 or exact:
                     raise
             # the listing (or the cache) was behind S3: ask S3 what is there now (the loop
             # then moves the entry to that version, unless a concurrent caller did)

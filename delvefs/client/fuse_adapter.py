@@ -11,6 +11,11 @@ mode the kernel's writeback cache is on (see ``Adapter.__init__``).
 fallocate and copy_file_range reach the mount only through pyfuse3 built with
 contrib/pyfuse3's patch (scripts/bootstrap.sh installs it; ``POSIX_OPS`` tells); with
 PyPI's pyfuse3 the kernel refuses fallocate(2) and copies by read and write.
+With that pyfuse3 the mount also negotiates KILLPRIV_V2 (custom I/O adds the flag to
+libfuse's INIT reply, ``CUSTOM_IO`` tells): the kernel then leaves clearing setuid/setgid
+bits on write, truncate and chown to the mount — DelveFS shows none (docs/SEMANTICS.md) —
+and no longer asks ``getxattr("security.capability")`` before each write; pyfuse3
+answers the remaining ones itself, without calling ``getxattr`` here.
 ``Notifier`` delivers the core's invalidations (``invalidate_entry`` /
 ``invalidate_inode``) from its own task, one worker thread at a time: they must never
 run inside a request handler, which may hold the very inode lock they wait for.
@@ -38,6 +43,8 @@ trace_requests = False
 
 # pyfuse3 delivers fallocate and copy_file_range (contrib/pyfuse3)
 POSIX_OPS = all(hasattr(pyfuse3.Operations, op) for op in ("fallocate", "copy_file_range"))
+# pyfuse3 reads /dev/fuse through its custom I/O (contrib/pyfuse3): KILLPRIV negotiated
+CUSTOM_IO = hasattr(pyfuse3, "killpriv_flags")
 
 
 def _guard(fn):
@@ -270,7 +277,9 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def getxattr(self, inode, name, ctx):
-        if name == b"security.capability":  # asked before every write: answered here, at once
+        # asked before writes, truncates and chowns unless KILLPRIV_V2 was negotiated (and
+        # then answered by pyfuse3 without coming here): no file has it, answered at once
+        if name == b"security.capability":
             raise pyfuse3.FUSEError(errno.ENODATA)
         return await self.core.getxattr(inode, os.fsdecode(name))
 
@@ -326,6 +335,24 @@ def raise_read_ahead(device: int, kib: int = READ_AHEAD_KIB) -> None:
             f.write(str(kib))
     except OSError as exc:
         log.debug("read-ahead of the mount left as it is (%s): %s", path, exc)
+
+
+def log_killpriv() -> None:
+    """One log line, once the kernel has the INIT answer: whether the kernel leaves
+    clearing setuid/setgid bits to the mount (KILLPRIV_V2), or why not — then it asks
+    ``security.capability`` before every write and clears those bits itself."""
+    if not CUSTOM_IO:
+        log.info("KILLPRIV not negotiated (pyfuse3 without custom I/O: contrib/pyfuse3): "
+                 "the kernel asks for security.capability before every write")
+        return
+    flags = pyfuse3.killpriv_flags()
+    if flags & pyfuse3.HANDLE_KILLPRIV_V2:
+        log.info("KILLPRIV_V2 negotiated: no security.capability request before writes")
+    else:
+        state = pyfuse3.custom_io_state()
+        why = "the kernel did not offer it" if state == "installed" else state
+        log.info("KILLPRIV_V2 not negotiated (%s): the kernel asks for security.capability "
+                 "before every write", why)
 
 
 def mount(adapter: Adapter, mountpoint: str, options: set[str]) -> None:

@@ -17,6 +17,12 @@ standbys, eventhandler/standby.py). It sends to the one that answered last; on a
 connection failure or a 503 "standby" answer it tries the next, and sticks with the first
 that answers (:class:`Failover`).
 
+Given a shard map instead (``NAME=URL,...``, delvefs/shared/shards.py), a client sends each
+request to the shard that owns its bucket (a view's requests: the bucket it was registered
+with), each shard with its own failover; a registration or proofs of several shards' buckets
+are split. A shard answering 421 "misdirected" sends its map along: the client takes it and
+sends the request again, to the owner.
+
 Listings and changes are requested as msgpack, other answers as JSON. Errors:
 :class:`HandlerUnavailable` (cannot reach it / 5xx, e.g. 503 "scanning"), :class:`Resync`
 (410: the version is older than the change log: list again), :class:`HandlerError`
@@ -25,7 +31,6 @@ Listings and changes are requested as msgpack, other answers as JSON. Errors:
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
@@ -35,6 +40,7 @@ import msgpack
 
 from ..shared.config import handler_ca, handler_urls
 from ..shared.histogram import Timings
+from ..shared.shards import ShardMap
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -53,6 +59,10 @@ class HandlerUnavailable(HandlerError):
     pass
 
 
+class Misdirected(HandlerError):
+    """421: the bucket belongs to another shard; ``body`` names it and carries the map."""
+
+
 class Resync(HandlerError):
     """The version asked for is older than the handler's change log: relist."""
 
@@ -68,12 +78,15 @@ class ApiRequest:
     dataclass would add ~1.5 ms to every mount's start.)"""
 
     __slots__ = ("method", "path", "what", "kind", "params", "body", "headers", "timeout",
-                 "answer_field", "absent_is_none", "text")
+                 "answer_field", "absent_is_none", "text", "bucket", "view")
 
     def __init__(self, method: str, path: str, what: str, kind: str, *, params: dict | None = None,
                  body: object = None, headers: dict | None = None, timeout: float | None = None,
-                 answer_field: str | None = None, absent_is_none: bool = False, text: bool = False):
+                 answer_field: str | None = None, absent_is_none: bool = False, text: bool = False,
+                 bucket: str | None = None, view: str | None = None):
         self.method, self.path = method, path
+        # where a sharded client sends it: the owner of `bucket`, or of the view's bucket
+        self.bucket, self.view = bucket, view
         self.what = what                  # names the request in error messages
         self.kind = kind                  # names the endpoint in the mount's metrics
         self.params = params
@@ -122,7 +135,7 @@ def api_error(what: str, status: int, body) -> HandlerError:
     if status == 410:
         return Resync(body.get("version"))
     msg = f"{what}: HTTP {status} {body.get('error', '')}: {body.get('message', '')}".rstrip(": ")
-    cls = HandlerUnavailable if status >= 500 else HandlerError
+    cls = HandlerUnavailable if status >= 500 else Misdirected if status == 421 else HandlerError
     return cls(msg, status, body.get("error"), body)
 
 
@@ -147,21 +160,29 @@ def status_request() -> ApiRequest:
 def register_request(client: str, views: list[dict], proof: dict[str, str]) -> ApiRequest:
     """``views``: [{"name", "spec"}]; ``proof``: {bucket: presigned ListObjectsV2 URL}."""
     return ApiRequest("POST", "/v1/views", "registering views", "register",
-                      body={"client": client, "views": views, "proof": proof}, answer_field="views")
+                      body={"client": client, "views": views, "proof": proof}, answer_field="views",
+                      bucket=view_bucket(views[0]) if views else None)
+
+
+def view_bucket(view) -> str | None:
+    """The bucket of a view to register ({"name", "spec"}), if it names one."""
+    spec = view.get("spec") if isinstance(view, dict) else None
+    bucket = spec.get("bucket") if isinstance(spec, dict) else None
+    return bucket if isinstance(bucket, str) else None
 
 
 def unregister_request(view_id: str) -> ApiRequest:
     """Drop this principal's registration of a view (the handler forgets a view with its
     last registration); a view the handler does not hold for this principal answers None."""
     return ApiRequest("DELETE", f"/v1/views/{view_id}", f"unregistering view {view_id}", "unregister",
-                      absent_is_none=True)
+                      absent_is_none=True, view=view_id)
 
 
 def proofs_request(proof: dict[str, str | list[str]]) -> ApiRequest:
     """Fresh proofs, ``{bucket: presigned ListObjectsV2 URL or [URL, ...]}``, renewing this
     principal's grants before they expire."""
     return ApiRequest("POST", "/v1/proofs", "presenting proofs", "proofs", body={"proof": proof},
-                      answer_field="grants")
+                      answer_field="grants", bucket=next(iter(proof), None))
 
 
 def needs_proof(request: ApiRequest, exc: HandlerError) -> bool:
@@ -180,7 +201,7 @@ def list_request(view_id: str, after: str | None, limit: int, wait: float | None
     if after is not None:
         params["after"] = after
     return ApiRequest("GET", f"/v1/views/{view_id}/objects", f"listing view {view_id}", "list",
-                      params=params, headers={"Accept": f"{MSGPACK}, {JSON}"})
+                      params=params, headers={"Accept": f"{MSGPACK}, {JSON}"}, view=view_id)
 
 
 def changes_request(view_id: str, since: int, limit: int, wait: float = 0) -> ApiRequest:
@@ -188,20 +209,31 @@ def changes_request(view_id: str, since: int, limit: int, wait: float = 0) -> Ap
     if wait:
         params["wait"] = wait
     return ApiRequest("GET", f"/v1/views/{view_id}/changes", f"changes of view {view_id}", "changes",
-                      params=params, headers={"Accept": f"{MSGPACK}, {JSON}"})
+                      params=params, headers={"Accept": f"{MSGPACK}, {JSON}"}, view=view_id)
 
 
 def lookup_request(bucket: str, key: str) -> ApiRequest:
     path = f"/v1/objects/{urllib.parse.quote(bucket, safe='')}/{urllib.parse.quote(key, safe='')}"
-    return ApiRequest("GET", path, f"looking up {bucket}/{key}", "lookup", absent_is_none=True)
+    return ApiRequest("GET", path, f"looking up {bucket}/{key}", "lookup", absent_is_none=True, bucket=bucket)
 
 
 def stream_request(view_id: str, since: int) -> ApiRequest:
     """The change stream after version ``since``: a reconnecting client passes the last
     version it saw (``Last-Event-ID``, as browsers do; ``since`` for the first connect)."""
     return ApiRequest("GET", f"/v1/views/{view_id}/stream", f"change stream of view {view_id}", "stream",
-                      params={"since": since},
+                      params={"since": since}, view=view_id,
                       headers={"Accept": "text/event-stream", "Last-Event-ID": str(since)})
+
+
+def shards_request() -> ApiRequest:
+    """The shard map a handler serves, its shard and its buckets (``GET /v1/shards``)."""
+    return ApiRequest("GET", "/v1/shards", "shard map", "shards")
+
+
+def handoff_request(bucket: str, to: str, proof: dict[str, str]) -> ApiRequest:
+    """Hand ``bucket`` to shard ``to`` (``POST /v1/shards/handoff``); sent to its owner."""
+    return ApiRequest("POST", "/v1/shards/handoff", f"handing {bucket} to shard {to}", "handoff",
+                      body={"bucket": bucket, "to": to, "proof": proof}, bucket=bucket)
 
 
 def stream_changes(lines: Iterable[str]) -> Iterator[dict]:
@@ -289,6 +321,28 @@ class Attempts:
         raise HandlerUnavailable("no event handler answers: " + "; ".join(self.failures))
 
 
+def combine_health(answers):
+    """One health answer of several shards' (see :meth:`HandlerOperations.health`)."""
+    if not isinstance(answers, dict) or "status" in answers:
+        return answers
+    statuses = [a.get("status") for a in answers.values()]
+    return {"status": "ok" if all(st == "ok" for st in statuses) else "degraded", "shards": answers}
+
+
+def run_plan(plan, send):
+    """Drive an operation's plan with ``send(shard, request)`` (blocking)."""
+    try:
+        step = next(plan)
+        while True:
+            try:
+                outcome = send(*step)
+            except Misdirected as exc:
+                outcome = exc
+            step = plan.send(outcome)
+    except StopIteration as done:
+        return done.value
+
+
 # ----------------------------------------------------------------- clients
 
 # seconds; a listing held while the handler's first scan runs may take up to half the timeout
@@ -317,14 +371,19 @@ def _tls_verify(base_url: str):
 
 class HandlerOperations:
     """The API's operations, written once for both clients: each returns what the
-    client's ``_call`` returns — the answer in :class:`SyncHandlerClient`, an awaitable
-    of it in :class:`HandlerClient`."""
+    client's ``_run`` returns — the answer in :class:`SyncHandlerClient`, an awaitable
+    of it in :class:`HandlerClient`. Each operation is a *plan* (a generator): it yields
+    (shard, request) pairs and is sent back each answer or :class:`Misdirected` error."""
+
+    MAX_REROUTES = 3  # 421 answers followed for one request (a map in motion settles fast)
 
     def __init__(self, base_url: str | list[str], token: str | None = None, *, timeout: float = 20.0):
-        self.failover = Failover(base_url)
+        self.shards = ShardMap.parse(base_url)
+        self.failovers = {name: Failover(urls) for name, urls in self.shards.shards.items()}
         self.timeout = timeout
         self.token = token
         self.clients: dict = {}  # handler URL -> its httpx client
+        self.view_buckets: dict[str, str] = {}  # view id -> its bucket (where its requests go)
 
     def _new_client(self, options: dict):
         raise NotImplementedError
@@ -336,31 +395,115 @@ class HandlerOperations:
         return self.clients[url]
 
     @property
+    def failover(self) -> Failover:
+        """The first shard's failover (the only one without a map)."""
+        return next(iter(self.failovers.values()))
+
+    @property
     def http(self):
         """The httpx client of the current handler URL, for requests of one's own."""
         return self.client(self.url)
 
     @property
     def base_url(self) -> str:
-        """Every handler URL, comma-separated, in the order given (what ``delvefs watch``
-        gets through a view directory's ``user.delvefs.view``)."""
-        return ",".join(self.failover.urls)
+        """Every handler URL, comma-separated, in the order given, or the shard map (what
+        ``delvefs watch`` gets through a view directory's ``user.delvefs.view``)."""
+        return self.shards.text()
 
     @property
     def url(self) -> str:
-        """The handler URL requests go to first."""
+        """The handler URL requests go to first (of the first shard)."""
         return self.failover.urls[self.failover.current]
 
+    def know_view(self, view_id: str, bucket: str) -> None:
+        """Send the requests of view ``view_id`` to the owner of ``bucket``."""
+        self.view_buckets[view_id] = bucket
+
+    def shard_of(self, request: ApiRequest) -> str:
+        """The shard a request goes to: the owner of its bucket (or its view's), else the first."""
+        bucket = request.bucket or self.view_buckets.get(request.view)
+        return self.shards.owner(bucket) if bucket is not None else next(iter(self.shards.shards))
+
+    def learn(self, exc: Misdirected) -> None:
+        """Take the map a shard sent with its 421."""
+        try:
+            fresh = ShardMap.from_json(exc.body)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            raise exc from None
+        if fresh == self.shards:
+            raise exc  # it names an owner our map already has: nothing to follow
+        self.shards = fresh
+        for name, urls in fresh.shards.items():
+            if name not in self.failovers or self.failovers[name].urls != urls:
+                self.failovers[name] = Failover(urls)
+
+    def _one(self, request: ApiRequest):
+        """The plan of a request to one shard: sent again to the owner a 421 names."""
+        for _ in range(self.MAX_REROUTES):
+            outcome = yield self.shard_of(request), request
+            if not isinstance(outcome, Misdirected):
+                return outcome
+            self.learn(outcome)
+        raise outcome
+
+    def _split(self, items: list, bucket_of, build, merge):
+        """The plan of a request about several buckets: one request per owning shard
+        (``build(items)``), its answers merged (``merge(items, [(indices, answer), ...])``)."""
+        answers: list[tuple[list[int], object]] = []
+        pending = list(range(len(items)))
+        for _ in range(self.MAX_REROUTES + 1):
+            groups: dict[str, list[int]] = {}
+            for i in pending:
+                groups.setdefault(self.shards.owner(bucket_of(items[i])), []).append(i)
+            pending = []
+            for shard, group in groups.items():
+                outcome = yield shard, build([items[i] for i in group])
+                if isinstance(outcome, Misdirected):
+                    self.learn(outcome)
+                    pending += group
+                else:
+                    answers.append((group, outcome))
+            if not pending:
+                return merge(items, answers)
+        raise outcome
+
+    def _every_shard(self, request: ApiRequest):
+        """The plan of a request to every shard: its answer, or {shard: answer} when sharded."""
+        answers = {}
+        for shard in list(self.shards.shards):
+            outcome = yield shard, request
+            if isinstance(outcome, Misdirected):
+                raise outcome
+            answers[shard] = outcome
+        return answers if self.shards.sharded else next(iter(answers.values()))
+
     def _call(self, request: ApiRequest):
+        return self._run(self._one(request))
+
+    def _run(self, plan, combine=None):
         raise NotImplementedError
 
     def health(self, *, timeout: float | None = None):
-        """``{"status", "amqp", "views", "buckets", ...}`` (no token needed)."""
-        return self._call(health_request(timeout))
+        """``{"status", "amqp", "views", "buckets", ...}`` (no token needed); sharded, the
+        worst status of the shards' and ``"shards": {name: answer}``."""
+        return self._run(self._every_shard(health_request(timeout)), combine_health)
 
     def register(self, client: str, views: list[dict], proof: dict[str, str]):
-        """``views``: [{"name", "spec"}] -> [{"name", "id", "version"}]."""
-        return self._call(register_request(client, views, proof))
+        """``views``: [{"name", "spec"}] -> [{"name", "id", "version"}] (in their order)."""
+        def build(part):
+            buckets = {view_bucket(v) for v in part}
+            return register_request(client, part, {b: u for b, u in proof.items() if b in buckets})
+
+        def merge(items, parts):
+            answers = [None] * len(items)
+            for group, answer in parts:  # each shard answers its views in their order
+                for i, one in zip(group, answer):
+                    answers[i] = one
+                    self.know_view(one["id"], view_bucket(items[i]))
+            return answers
+        if not views:
+            return self._call(register_request(client, views, proof))
+        return self._run(self._split(views, lambda v: view_bucket(v) or "", build, merge))
 
     def unregister(self, view_id: str):
         """``{"id", "forgotten"}``, or None when the handler holds no registration of it."""
@@ -368,7 +511,12 @@ class HandlerOperations:
 
     def prove(self, proof: dict[str, str | list[str]]):
         """Renew this principal's grants: -> [{"bucket", "prefix", "until"}]."""
-        return self._call(proofs_request(proof))
+        if not self.shards.sharded:
+            return self._call(proofs_request(proof))
+        buckets = list(proof)
+        return self._run(self._split(
+            buckets, lambda b: b, lambda part: proofs_request({b: proof[b] for b in part}),
+            lambda items, parts: [g for _group, grants in parts for g in grants]))
 
     def list_page(self, view_id: str, after: str | None, limit: int = 50000, *,
                   hold: bool = True):
@@ -387,12 +535,25 @@ class HandlerOperations:
         return self._call(lookup_request(bucket, key))
 
     def metrics(self):
-        """The Prometheus text."""
-        return self._call(metrics_request())
+        """The Prometheus text (sharded: {shard: text})."""
+        return self._run(self._every_shard(metrics_request()))
 
     def status(self):
-        """``GET /v1/status`` (see :func:`status_request`)."""
-        return self._call(status_request())
+        """``GET /v1/status`` (see :func:`status_request`; sharded: {shard: answer})."""
+        return self._run(self._every_shard(status_request()))
+
+    def shard_maps(self):
+        """``GET /v1/shards`` of each shard (unsharded: the handler's answer)."""
+        return self._run(self._every_shard(shards_request()))
+
+    def handoff(self, bucket: str, to: str, proof: dict[str, str], *, shard: str):
+        """Tell ``shard`` that ``bucket`` is placed on shard ``to`` (``delvefs shards move``)."""
+        def plan():
+            outcome = yield shard, handoff_request(bucket, to, proof)
+            if isinstance(outcome, Misdirected):
+                raise outcome
+            return outcome
+        return self._run(plan())
 
 
 class HandlerClient(HandlerOperations):
@@ -422,17 +583,30 @@ class HandlerClient(HandlerOperations):
 
     async def _call(self, request: ApiRequest):
         try:
-            return await self._answer(request)
+            return await self._run(self._one(request))
         except HandlerError as exc:
             if self.reprove is None or not needs_proof(request, exc):
                 raise
         await self.reprove()
-        return await self._answer(request)
+        return await self._run(self._one(request))
 
-    async def _answer(self, request: ApiRequest):
-        started = time.perf_counter()
+    async def _run(self, plan, combine=None):
         try:
-            attempts = self.failover.attempts()
+            step = next(plan)
+            while True:
+                try:
+                    outcome = await self._send(*step)
+                except Misdirected as exc:
+                    outcome = exc
+                step = plan.send(outcome)
+        except StopIteration as done:
+            return done.value if combine is None else combine(done.value)
+
+    async def _send(self, shard: str, request: ApiRequest):
+        started = time.perf_counter()
+        failed = True
+        try:
+            attempts = self.failovers[shard].attempts()
             for url in attempts:
                 try:
                     resp = await self.client(url).request(**request.httpx_args())
@@ -440,11 +614,14 @@ class HandlerClient(HandlerOperations):
                     attempts.failed(url, exc)
                     continue
                 if attempts.answered(resp):
-                    return request.answer(resp)
-            return request.answer(attempts.outcome())
+                    answer = request.answer(resp)
+                    failed = False
+                    return answer
+            answer = request.answer(attempts.outcome())
+            failed = False
+            return answer
         finally:
-            self.round_trips.observe(request.kind, time.perf_counter() - started,
-                                     sys.exc_info()[0] is not None)
+            self.round_trips.observe(request.kind, time.perf_counter() - started, failed)
 
 
 class SyncHandlerClient(HandlerOperations):
@@ -465,10 +642,12 @@ class SyncHandlerClient(HandlerOperations):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def response(self, request: ApiRequest, *, stream: bool = False) -> httpx.Response:
+    def response(self, request: ApiRequest, *, stream: bool = False,
+                 shard: str | None = None) -> httpx.Response:
         """The response to ``request`` as it is, whatever its status (``stream``: its body
-        not read yet unless the status is not 200; close it)."""
-        attempts = self.failover.attempts()
+        not read yet unless the status is not 200; close it), from its shard (see
+        :meth:`shard_of`) or ``shard``."""
+        attempts = self.failovers[self.shard_of(request) if shard is None else shard].attempts()
         for url in attempts:
             client = self.client(url)
             try:
@@ -482,8 +661,9 @@ class SyncHandlerClient(HandlerOperations):
                 return resp
         return attempts.outcome()
 
-    def _call(self, request: ApiRequest):
-        return request.answer(self.response(request))
+    def _run(self, plan, combine=None):
+        answer = run_plan(plan, lambda shard, request: request.answer(self.response(request, shard=shard)))
+        return answer if combine is None else combine(answer)
 
     def pages(self, view_id: str, limit: int = 5000) -> Iterator[dict]:
         """The pages of the view's listing, in order."""

@@ -209,13 +209,15 @@ class S3Store:
         return {k: StoreError(errno_of_s3_code(code), f"DELETE {bucket}/{k}: {code}")
                 for k, code in failed.items()}
 
-    async def copy(self, bucket: str, key: str, src_bucket: str, src_key: str) -> dict:
-        """Server-side copy (tags and metadata carried over); the new object's HEAD."""
+    async def copy(self, bucket: str, key: str, src_bucket: str, src_key: str, *,
+                   src_etag: str | None = None) -> dict:
+        """Server-side copy (tags and metadata carried over); the new object's HEAD. With
+        ``src_etag``: only of that version of the source (else :class:`Changed`)."""
         def copy(client):
             with self._made:
                 if self._copier is None:
                     self._copier = s3.make_copy_manager(client, threshold=self.copy_threshold)
-            s3.copy_object(self._copier, bucket, key, src_bucket, src_key)
+            s3.copy_object(self._copier, bucket, key, src_bucket, src_key, src_etag=src_etag)
         await self._call(f"COPY {src_bucket}/{src_key} to {bucket}/{key}", copy, CLIENT)
         return await self.head(bucket, key)
 

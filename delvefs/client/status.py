@@ -1,8 +1,10 @@
 """``delvefs status``: what a mount or the event handler is doing.
 
 - ``delvefs status MOUNT`` asks the mount over its control channel (delvefs/client/control.py,
-  operation ``status``, answered by :func:`mount_status` inside the mount): its views and how
-  fresh each is, the files not yet in S3 (pending, uploading, failed, conflict) and the cache.
+  operation ``status``, answered by :func:`mount_status` inside the mount): its views, how
+  fresh each is and how many of its keys have no name there (``unshown``: logged once per
+  key; docs/SEMANTICS.md), the files not yet in S3 (pending, uploading, failed, conflict) and
+  the cache.
 - ``delvefs status --handler [URL]`` asks the handler (``GET /v1/status`` through
   delvefs/client/handler_api.py, with the principal's token): its event source and lag,
   buckets with the progress of a listing under way, views, dead letters.
@@ -36,7 +38,8 @@ def views_report(core) -> list[dict]:
         views.append({"name": vs.name, "bucket": vs.bucket, "root": vs.root, "id": vs.id,
                       "listed": vs.listed, "version": vs.version, "ttl": vs.ttl,
                       "refreshed_ago": fresh, "refreshing": vs.refreshing is not None,
-                      "stale": vs.stale, "stale_since": vs.stale_since if vs.stale is not None else None})
+                      "stale": vs.stale, "stale_since": vs.stale_since if vs.stale is not None else None,
+                      "unshown": len(vs.unshown)})
     return views
 
 
@@ -98,8 +101,8 @@ def format_mount(s: dict) -> str:
     for v in s["views"]:
         fresh = ("stale: " + v["stale"]) if v["stale"] else (
             "not listed yet" if not v["listed"] else f"refreshed {_age(v['refreshed_ago'])} ago")
-        rows.append([v["name"], v["bucket"], f"{v['ttl']:g} s", fresh])
-    lines.append(_table(rows, ["VIEW", "BUCKET", "TTL", "FRESHNESS"]))
+        rows.append([v["name"], v["bucket"], f"{v['ttl']:g} s", str(v.get("unshown", 0)), fresh])
+    lines.append(_table(rows, ["VIEW", "BUCKET", "TTL", "NOT SHOWN", "FRESHNESS"]))
     c = s["counts"]
     lines += ["", "files not in S3 yet: " + ", ".join(f"{c.get(k, 0)} {k}" for k in STATES)]
     if s["files"]:
@@ -165,6 +168,9 @@ def run(args) -> int:
                     print(f"delvefs status: {exc}", file=sys.stderr)
                     return 1
             text = format_handler
+            if client.shards.sharded:  # one status per shard
+                def text(answers):
+                    return "\n\n".join(f"shard {name}:\n{format_handler(a)}" for name, a in answers.items())
         elif args.mountpoint:
             answer = request(args.mountpoint, "status", timeout=30)
             text = format_mount

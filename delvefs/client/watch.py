@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..shared.config import handler_token
-from .fs.inodes import layout_values, relative_path, value_dir
+from .fs.inodes import layout_values, relative_path, unshowable_values, value_dir
 from .handler_api import HandlerError, HandlerUnavailable, Resync, SyncHandlerClient
 
 log = logging.getLogger("delvefs.client.watch")
@@ -55,10 +55,11 @@ class WatchError(Exception):
 class ViewInfo:
     id: str
     name: str
-    handler: str
+    handler: str  # its URLs, or the shard map
     root: str
     layout: str
     layout_by: tuple[str, ...] | None = None  # layout "by": the property of each directory level
+    bucket: str | None = None  # where a sharded client sends the view's requests
 
     @classmethod
     def of(cls, view_dir: Path) -> "ViewInfo":
@@ -71,7 +72,7 @@ class ViewInfo:
         info = json.loads(raw)
         by = info.get("layout_by")
         return cls(info["id"], info["name"], info["handler"], info["root"], info["layout"],
-                   tuple(by) if by else None)
+                   tuple(by) if by else None, info.get("bucket"))
 
 
 class Watcher:
@@ -80,6 +81,8 @@ class Watcher:
         self.view = ViewInfo.of(view_dir)
         self.out = out
         self.handler = SyncHandlerClient(self.view.handler, token, timeout=STREAM_READ_TIMEOUT)
+        if self.view.bucket:
+            self.handler.know_view(self.view.id, self.view.bucket)
         self.present: set[str] = set()
         self.version = 0
         self.outage: str | None = None  # why the handler does not answer, while it does not
@@ -100,8 +103,11 @@ class Watcher:
         """Print the paths of ``objects``: (key, its ``properties`` as the handler lists them
         for a layout by properties, else None)."""
         # Folder markers ("sub/") are directories, not files that appear.
+        # Keys the view does not show (docs/SEMANTICS.md, "Which keys are shown") print nothing.
+        by = self.view.layout_by
         paths = [(rel, props) for rel, props in ((relative_path(self.view, k), props) for k, props in objects)
-                 if rel and not rel.endswith("/")]
+                 if rel and not rel.endswith("/")
+                 and not (by and unshowable_values(layout_values(by, props or {})))]
         if not paths:
             return
         # Make the mount catch up to `version` so each printed path opens at once.

@@ -152,12 +152,6 @@ def sqs_dead_letter_queue(flag: str | None = None, env=os.environ) -> str | None
     return flag or env.get("DELVEFS_SQS_DEAD_LETTER_QUEUE") or None
 
 
-def shard(env=os.environ) -> str:
-    """The name of the shard a handler serves, as its metrics show it ($DELVEFS_SHARD;
-    "0": the one handler of a deployment without shards)."""
-    return env.get("DELVEFS_SHARD") or "0"
-
-
 def notify_arn(env=os.environ) -> str:
     return env.get("DELVEFS_NOTIFY_ARN") or DEFAULT_NOTIFY_ARN
 
@@ -176,6 +170,22 @@ def handler_urls(urls: str | list[str]) -> list[str]:
     if not found:
         raise ValueError(f"no handler URL in {urls!r}")
     return found
+
+
+def handler_shard(flag: str | None = None, env=os.environ) -> str | None:
+    """The shard this handler is (``--shard``, else $DELVEFS_SHARD); None: the only handler."""
+    return flag or env.get("DELVEFS_SHARD") or None
+
+
+def shard_map_text(flag: str | None = None, env=os.environ) -> str:
+    """A shard's map (``--shard-map``, else $DELVEFS_HANDLER_URL: the clients' setting;
+    delvefs/shared/shards.py)."""
+    return flag or handler_url(None, env)
+
+
+def amqp_quorum(flag: bool = False, env=os.environ) -> bool:
+    """Declare the handler's queue as a quorum queue (``--quorum-queue``, $DELVEFS_AMQP_QUORUM=1)."""
+    return flag or env.get("DELVEFS_AMQP_QUORUM", "").lower() in ("1", "true", "yes", "on")
 
 
 def handler_token(env=os.environ) -> str | None:

@@ -272,12 +272,15 @@ def make_copy_manager(client, *, threshold: int = MAX_SINGLE_COPY, concurrency: 
     return create_transfer_manager(client, config)
 
 
-def copy_object(manager, bucket: str, key: str, src_bucket: str, src_key: str) -> None:
+def copy_object(manager, bucket: str, key: str, src_bucket: str, src_key: str, *,
+                src_etag: str | None = None) -> None:
     """Server-side copy ``src_bucket/src_key`` -> ``bucket/key`` (no data through us), with
-    the source's tags and metadata."""
+    the source's tags and metadata; with ``src_etag``, only of that version (else 412)."""
     # CopyObject copies tags by default; s3transfer's multipart copy only when told to
-    manager.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key,
-                 extra_args={"TaggingDirective": "COPY"}).result()
+    extra = {"TaggingDirective": "COPY"}
+    if src_etag is not None:
+        extra["CopySourceIfMatch"] = src_etag
+    manager.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key, extra_args=extra).result()
 
 
 def delete_object(client, bucket: str, key: str) -> None:

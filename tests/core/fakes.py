@@ -155,6 +155,7 @@ class FakeStore:
         self.delete_batches = 0
         self.deleted: list[list[str]] = []   # every DeleteObjects batch's keys
         self.fail_writes: int | None = None  # errno for upload/copy/delete/put_tags (S3 down)
+        self.multipart_copy_size: int | None = None  # copies this big get an ETag of their own
         self.uploaded: list[dict] = []       # every upload: key, tags, content_type, data
         self.gets: list[tuple[str, int, int]] = []  # every ranged GET: key, start, end
         self.chunk = 64 * 1024   # ranged GETs: bytes per ``write`` (a trio checkpoint each)
@@ -228,11 +229,16 @@ class FakeStore:
                               "content_type": content_type, "data": data})
         return {"etag": obj["etag"], "size": obj["size"], "mtime": None}
 
-    async def copy(self, bucket, key, src_bucket, src_key):
+    async def copy(self, bucket, key, src_bucket, src_key, *, src_etag=None):
         self.wcalls["copy"] += 1
         self._check_write(f"COPY {src_bucket}/{src_key}")
         o = self._get(src_bucket, src_key)
-        self.objects[(bucket, key)] = dict(o, tags=dict(o["tags"]))
+        if src_etag is not None and o["etag"] != src_etag:
+            raise Changed(f"COPY {src_bucket}/{src_key}: 412")
+        o = dict(o, tags=dict(o["tags"]))
+        if self.multipart_copy_size is not None and len(o["data"]) >= self.multipart_copy_size:
+            o["etag"] = hashlib.md5(o["etag"].encode()).hexdigest() + "-2"  # as a multipart copy's
+        self.objects[(bucket, key)] = o
         return {"etag": o["etag"], "size": len(o["data"]), "mtime": o["mtime"], "metadata": o["metadata"]}
 
     async def delete(self, bucket, key):

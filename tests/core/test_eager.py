@@ -464,6 +464,31 @@ async def test_a_rename_onto_a_name_whose_delete_is_queued_sends_the_delete_firs
     assert w.obj("v", "data/b")["data"] == b"moved" and w.obj("v", "data/a") is None
 
 
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_file_renamed_while_written_keeps_its_writes_when_the_copy_gets_another_etag(
+        make_world, eager):
+    # uploaded by an fsync, still open for writing, renamed (a server-side copy whose ETag
+    # is another than its source's, as a multipart copy's is): the handle writes on, under
+    # the new name, and nothing it writes is lost
+    w = make_world(wview(), eager=eager)
+    w.store.multipart_copy_size = 4
+    await w.start()
+    fh, _ = await w.open_write("v/a", os.O_RDWR | os.O_CREAT)
+    await w.fs.write(fh, 0, b"0123456789")
+    await w.fs.fsync(fh)
+    top = await w.path("v")
+    await w.fs.rename(top.ino, "a", top.ino, "b")
+    assert w.store.wcalls["copy"] == 1
+    await w.fs.write(fh, 2, b"XY")
+    await w.close(fh)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.obj("v", "data/b")["data"] == b"01XY456789" and w.obj("v", "data/a") is None
+    assert await w.names("v") == ["b"] and await w.read("v/b") == b"01XY456789"
+
+
 async def test_a_dirty_file_renamed_onto_one_uploaded_while_open_is_based_on_that_upload(make_world):
     # f is uploaded by an fsync while still open and written after it (still dirty, its
     # node not yet showing the upload); g, never uploaded, then replaces it: g's upload is

@@ -213,3 +213,19 @@ async def test_the_view_attribute_names_the_layout_properties(make_world):
     assert info["layout"] == "by" and info["layout_by"] == ["sample", "lane"]
     # the handler is told the names (a set, lowercase): its listings carry their values
     assert w.handler.layouts[info["id"]] == ("b", ("lane", "sample"))
+
+
+async def test_a_value_with_a_nul_byte_leaves_its_object_unshown(make_world, mock_clock):
+    w = make_world(by_view())
+    w.add("s", "runs/a.fq", b"a", tags={"sample": "S\x001", "lane": "2"})
+    w.add("s", "runs/b.fq", b"b", tags={"sample": "S1", "lane": "2"})
+    await w.start()
+    vs = w.fs.catalog.by_name["s"]
+    assert await tree(w, "s") == ["S1/2/b.fq"]                  # never a directory named "S"
+    assert list(vs.unshown) == ["runs/a.fq"]
+    b = await w.path("s/S1/2/b.fq")
+    retag(w, "s", "runs/a.fq", {"sample": "S1", "lane": "2"})  # a name now: shown, not counted
+    retag(w, "s", "runs/b.fq", {"sample": "S\x002", "lane": "2"})  # none now: gone from the view
+    mock_clock.jump(3)
+    assert await tree(w, "s") == ["S1/2/a.fq"]
+    assert list(vs.unshown) == ["runs/b.fq"] and b.gone

@@ -320,6 +320,20 @@ async def test_links_and_special_files_refused(make_world):
         assert e.value.errno == errno.EPERM
 
 
+async def test_no_mode_shown_has_a_setuid_setgid_or_sticky_bit(make_world):
+    # so a write, truncate or chown has nothing to clear: the mount negotiates KILLPRIV_V2,
+    # which leaves that clearing to the file system
+    w = await make_world(wview(), file_mode=0o777, dir_mode=0o777).start()
+    node = await w.write("v/f", b"#!/bin/sh\n")
+    fh, _ = await w.open_write("v/f", os.O_WRONLY)
+    await w.fs.write(fh, 0, b"#")
+    await w.fs.setattr(node.ino, size=1, fh=fh)
+    await w.close(fh)
+    for n in (node, await w.path("v"), await w.path("")):
+        mode = w.fs.stat(n)[0]
+        assert mode & 0o7000 == 0 and mode & 0o777 in (0o777, 0o755)
+
+
 async def test_upload_failure_keeps_data_dirty_and_retries(make_world, mock_clock):
     mock_clock.autojump_threshold = 0
     w = await make_world(wview(), retry_initial=1.0).start()

@@ -90,12 +90,15 @@ async def test_an_open_that_finds_s3_ahead_leaves_a_new_inode_for_the_next_one(
     w.store.put("b", "data/a", b"version 2")       # the handler has not told the mount yet
     mock_clock.jump(2.5)
     w.fs.views[0].fresh_at = mock_clock.current_time()  # the listing "fresh" and old
-    fh, _ = await w.fs.open(a.ino, 0)
-    assert await w.fs.read(fh, 0, 100) == b"version 2"   # the HEAD after ttl noticed it
-    await w.fs.release(fh)
+    with pytest.raises(FsError) as e:              # the HEAD after ttl notices it; the kernel
+        await w.fs.open(a.ino, 0)                   # holds the old size: another inode, and
+    assert e.value.errno == errno.ESTALE             # the kernel looks the name up again
     b = await w.path("v/a")
     assert b.ino != a.ino and b.size == len(b"version 2") and a.gone
     assert (a.parent.ino, "a") in w.notifier.entries
+    fh, _ = await w.fs.open(b.ino, 0)
+    assert await w.fs.read(fh, 0, 100) == b"version 2"
+    await w.fs.release(fh)
 
 
 async def test_a_change_of_the_same_size_keeps_the_inode_and_drops_its_pages(
@@ -138,3 +141,26 @@ async def test_a_second_reader_of_an_inode_reads_the_version_the_first_one_reads
     await w.fs.release(first)
     await w.fs.release(second)
     await w.fs.release(third)
+
+
+@pytest.mark.parametrize("writeback_cache", [False, True])
+async def test_a_descriptor_served_from_the_kernels_pages_never_reads_a_newer_version(
+        make_world, mock_clock, writeback_cache):
+    # the kernel served a descriptor the old version's pages (kept at open) without asking
+    # the mount; the object changes and the name moves to a new inode; when the kernel
+    # later asks for bytes of that descriptor, they are the old version's (held since the
+    # open) — or EIO, never the new one's
+    w = make_world(view("v", writable=True), writeback_cache=writeback_cache)
+    w.add("v", "data/a", b"old version")
+    await w.start()
+    assert await w.read("v/a") == b"old version"
+    a = await w.path("v/a")
+    fh, keep = await w.fs.open(a.ino, 0)
+    assert keep                                    # its pages are the kernel's to serve
+    w.add("v", "data/a", b"new!")                  # another writer; the handler reports it
+    mock_clock.jump(3)
+    b = await w.path("v/a")
+    assert b.ino != a.ino and a.gone
+    assert await w.read("v/a") == b"new!"
+    assert await w.fs.read(fh, 0, 100) == b"old version"
+    await w.fs.release(fh)

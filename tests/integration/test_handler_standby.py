@@ -231,11 +231,42 @@ def test_a_queue_of_an_older_handler_is_upgraded_without_losing_a_message(handle
         expected.update({f"new{i:03d}": f"n{i}" for i in range(500)})
         wait_until(lambda: {k: o["etag"] for k, o in h2.list_all(vid)[1].items()} == expected, 60,
                    "every event before and during the upgrade applied")
-        assert "upgraded to single-active-consumer" in h2.log_tail(200)
+        assert "declared anew (classic, single-active-consumer)" in h2.log_tail(200)
         ch.queue_declare(queue, durable=True, arguments=queue_arguments(dead))  # equivalent now
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
             ch.queue_declare(queue + UPGRADE_SUFFIX, durable=True, passive=True)
         assert gone.value.reply_code == 404
+        assert pub.queue_count(dead) == 0
+    finally:
+        conn.close()
+        pub.close()
+
+
+def test_a_classic_queue_is_moved_to_a_quorum_queue_without_losing_a_message(handlers, services, s3, bucket,
+                                                                             tmp_path):
+    state = tmp_path / "state"
+    h = handlers(state)
+    vid = register(h.api, s3, bucket, {"all": spec(bucket)})["all"]
+    assert h.stop() == 0
+    queue, dead = queue_names("delvefs", h.queue)
+    pub = Publisher(services.rabbit.url)
+    conn = pika.BlockingConnection(pika.URLParameters(services.rabbit.url))
+    try:
+        base = time.time_ns()
+        expected = {}
+        for i in range(500):  # waiting in the classic queue
+            pub.publish("s3:ObjectCreated:Put", bucket, f"old{i:03d}", base + i, size=i, etag=f"o{i}")
+            expected[f"old{i:03d}"] = f"o{i}"
+        during = threading.Thread(target=publish_during_start, args=(services.rabbit.url, bucket, base))
+        during.start()
+        h2 = handlers(state, queue=h.queue, args=("--quorum-queue",))
+        during.join(60)
+        expected.update({f"new{i:03d}": f"n{i}" for i in range(500)})
+        wait_until(lambda: {k: o["etag"] for k, o in h2.list_all(vid)[1].items()} == expected, 60,
+                   "every event before and during the move applied")
+        assert "declared anew (quorum, single-active-consumer)" in h2.log_tail(200)
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True, arguments=queue_arguments(dead, quorum=True))  # equivalent
         assert pub.queue_count(dead) == 0
     finally:
         conn.close()

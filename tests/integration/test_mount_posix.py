@@ -5,10 +5,18 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
+import stat
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from delvefs.client import fuse_adapter
+from delvefs.client.mountpoints import mounted_fstype
+
+from ..conftest import service_unavailable
 from ..waiting import wait_until
 from .mounts import CHANGE_TIMEOUT, data_views, handler, listdir, mounts, put  # noqa: F401
 from .test_mount_write import get, keys
@@ -143,6 +151,51 @@ def test_a_descriptor_keeps_the_version_it_read_over_an_outside_overwrite(
         os.close(fd)
 
 
+def test_an_open_beside_a_reader_that_finds_s3_ahead_reads_the_new_version(
+        mounts, handler, s3, bucket, mode):
+    # the handler is down, so the listing stays behind S3: the second open (past the ttl)
+    # asks S3, the name moves to a new inode, and the kernel opens that (ESTALE retried
+    # inside the kernel) while the first descriptor keeps its version and its pages
+    mp = mounts.mount(data_views(bucket), *mode)
+    path = mp / "data/ahead.bin"
+    put(s3, bucket, "data/ahead.bin", b"o" * 3000)
+    wait_until(lambda: path.exists() and path.read_bytes() == b"o" * 3000, CHANGE_TIMEOUT,
+               "the object shows")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 1 << 20, 0) == b"o" * 3000
+        before = os.fstat(fd).st_ino
+        handler.stop()
+        try:
+            put(s3, bucket, "data/ahead.bin", b"n" * 1000)
+            wait_until(lambda: path.read_bytes() == b"n" * 1000, CHANGE_TIMEOUT,
+                       "an open by path reads S3's version")
+            assert os.stat(path).st_ino != before
+            assert os.pread(fd, 1 << 20, 0) == b"o" * 3000   # the first descriptor's version
+        finally:
+            handler.start()
+    finally:
+        os.close(fd)
+
+
+def test_a_file_renamed_while_written_after_an_fsync_keeps_every_write(
+        mounts, s3, bucket, mode):
+    # its rename copies exactly the version the fsync uploaded (CopySourceIfMatch), and the
+    # descriptor writes on under the new name
+    mp = mounts.mount(data_views(bucket), *mode)
+    fd = os.open(mp / "data/written.bin", os.O_CREAT | os.O_RDWR)
+    try:
+        os.write(fd, b"0123456789")
+        os.fsync(fd)
+        os.rename(mp / "data/written.bin", mp / "data/moved.bin")
+        os.pwrite(fd, b"XY", 2)
+    finally:
+        os.close(fd)
+    sync(mounts, mp)
+    assert get(s3, bucket, "data/moved.bin") == b"01XY456789"
+    assert "data/written.bin" not in keys(s3, bucket)
+
+
 FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE = 0x01, 0x02, 0x10
 
 
@@ -189,3 +242,52 @@ def test_cp_inside_a_view_is_a_server_side_copy(mounts, s3, bucket, mode):
     assert get(s3, bucket, "data/copy.bin") == data
     log = (mounts.tmp / f"cache-{mounts.count}" / "mount.log").read_text()
     assert "data/copy.bin server-side: 3145733 bytes" in log      # no byte through the mount
+
+
+def test_killpriv_negotiated_and_no_setuid_bit_survives_a_write_by_another_user(
+        mounts, s3, bucket, mode):
+    if os.getuid() != 0:
+        service_unavailable("another user's write is tried with setuid: root is needed")
+    # a mountpoint other users can reach (the test's tmp_path is root's alone)
+    base = Path(tempfile.mkdtemp(prefix="delvefs-killpriv-"))
+    mp = base / "mnt"
+    try:
+        base.chmod(0o755)
+        mp.mkdir()
+        mounts.mount(data_views(bucket), *mode, "-o", "allow_other,file_mode=0666", mountpoint=mp)
+        log = (mounts.tmp / f"cache-{mounts.count}" / "mount.log").read_text()
+        if fuse_adapter.CUSTOM_IO:  # the kernel then leaves clearing the bits to the mount
+            assert "KILLPRIV_V2 negotiated" in log
+        path = mp / "data/run.sh"
+        path.write_bytes(b"#!/bin/sh\n")
+        os.chmod(path, 0o6777)                                       # accepted, not stored
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666
+
+        def as_nobody(*argv):
+            return subprocess.run(argv, user=65534, group=65534, capture_output=True, text=True,
+                                  timeout=60)
+        r = as_nobody("sh", "-c", f"echo 'echo hi' >> {path}")
+        assert r.returncode == 0, r.stderr
+        assert path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID) == 0
+        r = as_nobody("truncate", "-s", "3", str(path))
+        assert r.returncode == 0, r.stderr
+        os.chown(path, 65534, 65534)                                 # accepted, not stored
+        st = path.stat()
+        assert st.st_mode & (stat.S_ISUID | stat.S_ISGID) == 0 and st.st_size == 3
+        assert path.read_bytes() == b"#!/"
+        mounts.umount(mp)
+    finally:
+        if mounted_fstype(str(mp)) is not None:
+            subprocess.run(["fusermount3", "-u", "-z", str(mp)], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_without_custom_io_one_log_line_says_killpriv_is_not_negotiated(mounts, s3, bucket):
+    if not fuse_adapter.CUSTOM_IO:
+        service_unavailable("pyfuse3 without custom I/O (contrib/pyfuse3)")
+    mp = mounts.mount(data_views(bucket), env=dict(mounts.env, PYFUSE3_CUSTOM_IO="0"))
+    (mp / "data/f.txt").write_bytes(b"hello")                       # writes work as before
+    assert (mp / "data/f.txt").read_bytes() == b"hello"
+    log = (mounts.tmp / f"cache-{mounts.count}" / "mount.log").read_text()
+    lines = [line for line in log.splitlines() if "KILLPRIV" in line]
+    assert len(lines) == 1 and "not negotiated (disabled by PYFUSE3_CUSTOM_IO=0)" in lines[0]

@@ -146,3 +146,48 @@ def test_a_notification_delivered_twice_is_applied_once(aws):
     changes = aws.handler.api.changes(vid, version)["changes"]
     assert len([c for c in changes if c["key"] == "data/once.txt"]) <= 1
     assert aws.handler.keys(vid) == {"data/once.txt"}
+
+
+def test_two_shards_each_consume_their_own_queue(aws, tmp_path):
+    """One queue per shard; `delvefs notify` wires each bucket to its owner's queue."""
+    from delvefs.client.handler_api import SyncHandlerClient
+    from delvefs.devtools.localservices import free_port
+    from delvefs.shared.shards import ShardMap
+    ports = {name: free_port() for name in ("a", "b")}
+    shard_map = ShardMap.parse(",".join(f"{n}=http://127.0.0.1:{p}" for n, p in ports.items()))
+    queues = {n: aws.sqs.create_queue(QueueName=f"delvefs-shard-{n}-{uuid.uuid4().hex[:6]}")["QueueUrl"]
+              for n in ports}
+    arns = ",".join(f"{n}={s3.sqs_attributes(aws.sqs, q)['QueueArn']}" for n, q in queues.items())
+    shards = {n: HandlerProcess(aws.env, tmp_path / f"shard-{n}", port=ports[n],
+                                args=("--sqs-queue", queues[n], "--shard", n, "--shard-map", shard_map.text()))
+              for n in ports}
+    try:
+        for h in shards.values():
+            try:
+                h.start()
+            except RuntimeError as exc:
+                service_unavailable(f"event handler shard on SQS: {exc}")
+        buckets = {}
+        while len(buckets) < 2:
+            b = f"sqs-{uuid.uuid4().hex[:10]}"
+            buckets.setdefault(shard_map.owner(b), b)
+        env = {**os.environ, **aws.env, "DELVEFS_HANDLER_URL": shard_map.text(), "DELVEFS_NOTIFY_ARN": arns}
+        with SyncHandlerClient(shard_map.text(), "test-token") as client:
+            vids = {}
+            for owner, b in buckets.items():
+                aws.s3.create_bucket(Bucket=b)
+                r = Mounts(None, {}).run("notify", b, env=env)
+                assert r.returncode == 0 and queues[owner].rsplit("/", 1)[1] in r.stdout, r.stderr
+                proof = s3.presigned_list_url(aws.s3, b, principal="default")
+                vids[b] = client.register("sqs-shards", [{"name": "data", "spec": {"bucket": b, "object": "data/*"}}],
+                                          {b: proof})[0]["id"]
+            for b in buckets.values():
+                aws.s3.put_object(Bucket=b, Key="data/x.txt", Body=b"x")
+            for b, vid in vids.items():
+                wait_until(lambda: set(client.list_all(vid)[1]) == {"data/x.txt"}, EVENT_DELAY, f"{b} on its shard")
+        for n, h in shards.items():
+            answer = h.api.shard_maps()
+            assert answer["buckets"] == [buckets[n]] and answer["foreign_events"] == 0
+    finally:
+        for h in shards.values():
+            h.close()

@@ -230,3 +230,13 @@ def test_notify_merges_its_own_rule_into_the_configuration():
     assert sns["QueueConfigurations"] == [other_queue]
     assert sns["TopicConfigurations"][-1] == {"Id": "delvefs", "TopicArn": "arn:aws:sns:us-east-1:1:mine",
                                               "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}
+
+
+def test_event_keys_are_utf8_and_may_hold_a_nul_byte():
+    body, _ = make_message("s3:ObjectCreated:Put", "bkt", "a\0b.txt", 0x18E9F94250012594, size=1)
+    (ev,) = parse_message(body)
+    assert ev.key == "a\0b.txt"                   # taken as it is: the mounts skip it
+    doc = orjson.loads(body)
+    doc["Records"][0]["s3"]["object"]["key"] = "a%FFb.txt"   # escapes of no UTF-8 name no key
+    with pytest.raises(InvalidEvent, match="UTF-8"):
+        parse_message(orjson.dumps(doc))

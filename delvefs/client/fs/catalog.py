@@ -87,7 +87,10 @@ class ViewState:
         self.layout = view.layout
         self.values: dict[str, tuple] = {}  # key -> its property values (where it belongs)
         self.placed: dict[str, tuple[str, ...]] = {}  # key -> the directories its file is in
-        self.long_names: dict[str, str] = {}  # directory name -> a long value it was cut from
+        # a cut long name (inodes.fit_name) -> what it stands for: a directory's property
+        # value, a file's key below the root (kept for the mount's life: a name stands for one)
+        self.long_names: dict[str, str] = {}
+        self.unshown: dict[str, str] = {}  # key -> why it has no name here (delvefs status)
         self.set = dict(getattr(view, "set", None) or {})
         self.index = index  # position in the mount's views (the matcher's answers)
         self.overlay: dict[str, Pending] = {}  # key -> local change not yet seen in a delta

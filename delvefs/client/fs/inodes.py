@@ -39,15 +39,21 @@ and libc supply them).
 
 Names
 -----
+A key is shown under one name per view, or not at all. ``key_path`` decides which, and
+``unshowable`` says why not; docs/SEMANTICS.md ("Which keys are shown") lists the rules.
+A key with a NUL byte is shown in no layout (no file name holds one).
+
 ``tree`` layout: the key below the view's root is split at "/"; every segment but the
 last is a (virtual) directory. Keys with an empty, "." or ".." segment, or a segment
-longer than 255 bytes, are not shown. A key ending in "/" (a "folder marker") only makes
-its directories. When both ``a`` and ``a/...`` exist, the directory wins and the file
-``a`` is hidden until the directory disappears.
+longer than 255 bytes, are not shown (a tree name is the segment itself, unescaped, so a
+cut one could be another key's segment). A key ending in "/" (a "folder marker") only
+makes its directories. When both ``a`` and ``a/...`` exist, the directory wins and the
+file ``a`` is hidden until the directory disappears.
 
 ``flat`` layout: every object is a file at the view's top, named by ``flat_name``:
 the key below the root with ``%`` written ``%25`` and ``/`` written ``%2F`` (and a name
-of exactly "." or ".." written ``%2E`` / ``%2E%2E``). This is reversible
+of exactly "." or ".." written ``%2E`` / ``%2E%2E``); a name that would be longer than
+255 bytes is cut (``fit_name``, as long property values are). This is reversible
 (``flat_key``), so two keys never share a name.
 
 ``layout: {by: [p1, p2, ...]}``: one directory level per named property, named by the
@@ -55,10 +61,13 @@ object's value of it (``value_dir``), ``_unset`` where the object lacks the prop
 files below the last level are named as in ``flat``. A value is its directory's name
 unless that could not be a name or would be ambiguous: ``%`` is written ``%25`` and
 ``/`` ``%2F``; the whole values "" / "." / ".." / "_unset" are written ``%`` / ``%2E`` /
-``%2E%2E`` / ``%5Funset``; a value whose name would be longer than 255 bytes is cut to
-200 bytes (whole characters) followed by ``%~`` and 16 hex digits of its sha256 (the
-mount maps such a name back through the values it has seen). ``dir_value`` reverses it
-and refuses names that are not what ``value_dir`` writes.
+``%2E%2E`` / ``%5Funset``. ``dir_value`` reverses it and refuses names that are not what
+``value_dir`` writes. A value with a NUL byte makes its object unshown in the view.
+
+Long names (``fit_name``): an escaped value or flat name longer than 255 bytes is cut to
+200 bytes (whole characters) followed by ``%~`` and 16 hex digits of the sha256 of what it
+names. No escaped name holds ``%~`` (``%`` is ``%25`` there), so such a name is always a
+cut one; the mount maps it back through the names it has made (``ViewState.long_names``).
 """
 from __future__ import annotations
 
@@ -75,18 +84,55 @@ NAME_MAX = 255
 _intern = sys.intern
 
 
+UNSET_DIR = "_unset"
+_LONG_MARK = "%~"
+_CUT_BYTES = 200
+
+
+def is_cut(name: str) -> bool:
+    """Whether ``name`` is a cut long name (``fit_name``): it stands for what the mount
+    saw it made from."""
+    return _LONG_MARK in name
+
+
+def fit_name(escaped: str, text: str) -> str:
+    """``escaped`` (the escaped name of ``text``, a key suffix or a property value) as it
+    is when it fits in NAME_MAX bytes, else cut: its first 200 bytes, ``%~`` and 16 hex
+    digits of the sha256 of ``text``."""
+    if len(escaped) <= NAME_MAX // 4 or len(escaped.encode("utf-8", "surrogateescape")) <= NAME_MAX:
+        return escaped
+    import hashlib
+    digest = hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    cut = escaped.encode("utf-8", "surrogateescape")[:_CUT_BYTES].decode("utf-8", "ignore")
+    return cut + _LONG_MARK + digest
+
+
+def uncut(name: str, known: Mapping[str, str] | None, what: str) -> str:
+    """What the cut name ``name`` was made from, found in ``known`` (the names the mount
+    made); ValueError when it is not there (``what``: "key" or "value", for the message)."""
+    if known is not None and name in known:
+        return known[name]
+    raise ValueError(f"{name!r} stands for a long {what} this mount has not seen")
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace("/", "%2F")
+
+
 def flat_name(rel: str) -> str:
     """The flat-layout file name of key suffix ``rel`` (reversible: see flat_key)."""
-    name = rel.replace("%", "%25").replace("/", "%2F")
-    if name == ".":
+    if rel == ".":
         return "%2E"
-    if name == "..":
+    if rel == "..":
         return "%2E%2E"
-    return name
+    return fit_name(_escape(rel), rel)
 
 
-def flat_key(name: str) -> str:
-    """Inverse of flat_name."""
+def flat_key(name: str, known: Mapping[str, str] | None = None) -> str:
+    """Inverse of flat_name. A cut long name is found in ``known`` (name -> key suffix);
+    ValueError when it is not there."""
+    if _LONG_MARK in name:
+        return uncut(name, known, "key")
     out = []
     i = 0
     while i < len(name):
@@ -100,10 +146,6 @@ def flat_key(name: str) -> str:
     return "".join(out)
 
 
-UNSET_DIR = "_unset"
-_LONG_MARK = "%~"
-
-
 def value_dir(value: str | None) -> str:
     """The directory name of a property value in a layout by properties (None: unset)."""
     if value is None:
@@ -111,13 +153,7 @@ def value_dir(value: str | None) -> str:
     special = {"": "%", ".": "%2E", "..": "%2E%2E", UNSET_DIR: "%5F" + UNSET_DIR[1:]}.get(value)
     if special is not None:
         return special
-    name = value.replace("%", "%25").replace("/", "%2F")
-    if len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX:
-        return name
-    import hashlib
-    digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    cut = name.encode("utf-8", "surrogateescape")[:200].decode("utf-8", "ignore")
-    return cut + _LONG_MARK + digest
+    return fit_name(_escape(value), value)
 
 
 def dir_value(name: str, known: Mapping[str, str] | None = None) -> str | None:
@@ -127,9 +163,7 @@ def dir_value(name: str, known: Mapping[str, str] | None = None) -> str | None:
     if name == UNSET_DIR:
         return None
     if _LONG_MARK in name:
-        if known is not None and name in known:
-            return known[name]
-        raise ValueError(f"{name!r} stands for a long value this mount has not seen")
+        return uncut(name, known, "value")
     value = {"%": "", "%2E": ".", "%2E%2E": "..", "%5F" + UNSET_DIR[1:]: UNSET_DIR}.get(name)
     if value is None:
         value = flat_key(name.replace("%2E", "%252E"))  # only %25 and %2F inside a value
@@ -173,27 +207,55 @@ def relative_path(view, key: str) -> str | None:
 
 
 def key_path(root: str, flat: bool, key: str) -> str | None:
-    """relative_path with the view's ``root`` and layout spelled out (the hot path)."""
+    """relative_path with the view's ``root`` and layout spelled out (the hot path): None
+    for a key outside ``root``, the root's own folder marker, a folder marker in a flat
+    layout (it stands for directories, which a flat view has none of) and an unshowable
+    key (``unshowable``)."""
     if not key.startswith(root):
         return None
     rel = key[len(root):]
+    if not rel or flat and rel.endswith("/") or unshowable(rel, flat) is not None:
+        return None
+    return flat_name(rel) if flat else rel
+
+
+# why a key has no name (a few shared texts: a view may hold many such keys)
+NUL_BYTE = "a NUL byte (no file name holds one)"
+EMPTY_SEGMENT = "an empty segment (// or a leading /)"
+DOT_SEGMENT = {".": "a '.' segment", "..": "a '..' segment"}
+LONG_SEGMENT = f"a segment longer than {NAME_MAX} bytes"
+NUL_VALUE = "a NUL byte in a property value (no directory name holds one)"
+
+
+def unshowable(rel: str, flat: bool) -> str | None:
+    """Why the key whose part below its view's root is ``rel`` has no name in that view
+    (tree or flat names), or None when it has one. One rule for every layout: no name
+    holds a NUL byte. A tree name is a key segment as it is: an empty, "." or ".." segment
+    or one longer than 255 bytes has none. (A flat name escapes "/" and whole "." / "..",
+    and a long one is cut: every other key has one.)"""
+    if "\0" in rel:
+        return NUL_BYTE
     if flat:
-        if not rel or rel.endswith("/"):
-            return None
-        name = flat_name(rel)
-        return name if valid_segment(name) else None
-    if not rel:
         return None
     parts = rel.split("/")
-    last = parts.pop()
-    if last == "" and not parts:
-        return None
+    if len(parts) > 1 and parts[-1] == "":  # a folder marker: its directories
+        parts.pop()
     for seg in parts:
+        if seg == "":
+            return EMPTY_SEGMENT
+        if seg in DOT_SEGMENT:
+            return DOT_SEGMENT[seg]
         if not valid_segment(seg):
-            return None
-    if last != "" and not valid_segment(last):
-        return None
-    return rel
+            return LONG_SEGMENT
+    return None
+
+
+def unshowable_values(values) -> str | None:
+    """Why an object whose property values (a layout by properties) are ``values`` has no
+    directory there, or None: a value's name is escaped and cut, but holds no NUL byte."""
+    if any(v is not None and "\0" in v for v in values):
+        return NUL_VALUE
+    return None
 
 
 def valid_segment(seg: str) -> bool:
@@ -229,7 +291,7 @@ class File(Node):
     def key(self) -> str:
         d = self.parent
         if d.view is not None and d.view.flat:
-            return d.view.root + flat_key(self.name)
+            return d.view.root + flat_key(self.name, d.view.long_names)
         return d.prefix + self.name
 
     @property
@@ -296,7 +358,10 @@ def key_for(parent: Dir, vs, name: str) -> str:
     to it, ENAMETOOLONG when the name or the key is too long)."""
     check_name(name)
     if vs.flat:
-        rel = flat_key(name)
+        try:
+            rel = flat_key(name, vs.long_names)
+        except ValueError as exc:
+            raise FsError(errno.EINVAL, str(exc)) from None
         if not rel or flat_name(rel) != name:
             raise FsError(errno.EINVAL, f"{name!r} is not a flat name (write % as %25, / as %2F)")
         return check_key(vs.root + rel)

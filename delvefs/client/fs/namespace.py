@@ -231,12 +231,17 @@ class Namespace:
             raise FsError(errno.EXDEV, f"{dk} cannot be in view {dst_vs.name} (mv copies, then "
                           "removes: the copy is a scratch file of this mount)")
         replaced = self._dirty_at(db, dk)
+        # a clean copy written through open handles (uploaded by an fsync, say) follows the
+        # rename, or their writes would land in a file no key has any more: the copy is
+        # made of exactly its version (a multipart copy's ETag is another than its source's)
+        ce = self.cache.get(sb, sk)
+        held = ce is not None and not ce.dirty and ce.writers > 0 and ce.etag == node.etag
         async with self.uploads.entry_locks(replaced):  # its upload, if one runs, ends first
             if replaced is not None and replaced.dirty and replaced.opens:  # read through a handle
                 await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
             try:
                 await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
-                info = await self.store.copy(db, dk, sb, sk)
+                info = await self.store.copy(db, dk, sb, sk, src_etag=ce.etag if held else None)
             except StoreError as exc:
                 raise store_failure(exc, "copying (rename)", sb, sk) from exc
             try:
@@ -244,9 +249,16 @@ class Namespace:
             except StoreError as exc:
                 raise store_failure(exc, "deleting (rename; the copy exists)", sb, sk) from exc
             self._discard_dirty(db, dk, None, dst_vs)  # replaced: a local copy of the target is void
-        ce = self.cache.get(sb, sk)
-        if ce is not None and not ce.dirty and ce.etag == info["etag"]:
-            self.dirty.rekey(ce, db, dk)  # the very version copied: still valid
+        now = self.cache.get(sb, sk)
+        if held and ce is now:
+            self.dirty.rekey(ce, db, dk)  # the handles' file follows, its version the copy
+            if ce.dirty:  # written while it was copied: based on the copy (the same bytes)
+                self.dirty.rebased(ce, info["etag"], info["size"])
+                result["dirty"] = ce
+            else:
+                self.cache.validated(ce, info["etag"])
+        elif now is not None and not now.dirty and now.etag == info["etag"]:
+            self.dirty.rekey(now, db, dk)  # the very version copied: still valid
         else:
             self.cache.forget(sb, sk)
             old = self.cache.get(db, dk)

@@ -44,31 +44,58 @@ class Reads:
 
     async def open(self, node) -> tuple[int, bool]:
         """A reading handle of ``node`` and whether the kernel may keep pages it cached for
-        this inode. The kernel keeps one page cache per inode, so every handle of an inode
-        reads one version (``_ready``); when another handle already reads this one and S3
-        has a newer version than it, the name moves to a new inode and the open fails
-        ESTALE: the kernel then looks the name up again and opens the new inode."""
-        if not node.gone and self.handles.reading(node):  # (a gone inode has no name to look up)
-            vs = node.parent.view
-            holder = self.handles.reader_of_version(node)
-            # a version whose every byte is here is trusted within ttl; one that lacks some
-            # is asked (a byte of it gone from S3 would be EIO for this handle)
-            whole = holder is not None and (holder.entry.present is None or holder.entry.present.covers(
-                0, min(holder.entry.size, holder.entry.source_len)))
+        this inode (``_revalidate`` first)."""
+        if not node.gone:  # (a gone inode has no name to look up again)
+            await self._revalidate(node)
+        h = FileHandle(node)
+        vs = node.parent.view
+        entry = self.cache.get(vs.bucket, node.key)
+        if entry is not None and not entry.dirty and entry.etag and entry.etag == node.etag:
+            # the kernel may serve this descriptor pages of that version without asking:
+            # it holds the version's cached bytes from now on (an overwrite replaces the
+            # cache's entry, never the one a descriptor holds)
             try:
-                info = await self.cache.current(self.store, vs.bucket, node.key, etag=node.etag,
-                                                ttl=vs.ttl if whole else 0.0)
-            except StoreError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise store_failure(exc, "opening", vs.bucket, node.key) from exc
-                info = None  # deleted: the other readers' version is all there is
-            if info is not None:
-                self.tree.object_changed(node, info["size"],
-                                         int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
-                                         info["etag"])
-                raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
-        fh = self.handles.add_file(FileHandle(node))
+                h.fd = os.open(entry.path, os.O_RDONLY)
+            except OSError:
+                pass  # the first read opens what is there then
+            else:
+                self.cache.hold(entry)
+                h.entry = entry
+        fh = self.handles.add_file(h)
         return fh, self.tree.serves(node.ino, node.etag)
+
+    async def _revalidate(self, node) -> None:
+        """Before the kernel serves an open anything: whether the node's version is still
+        S3's, when this mount holds bytes of it (a cached copy; or another handle reads the
+        inode). The kernel keeps one page cache per inode, so all handles of an inode read
+        one version (``_ready``) and a newer one must not reach its pages: asked past
+        ``ttl`` (always while another handle reads a version of which bytes are missing
+        here, as a byte of it gone from S3 would be EIO). A newer version moves the name to
+        the new version: the same inode with its pages dropped, or, while others read this
+        one (or the kernel's writeback cache holds its size), a new inode, and the open fails
+        ESTALE: the kernel then looks the name up again and opens that."""
+        vs = node.parent.view
+        others = self.handles.reading(node)
+        cached = self.cache.get(vs.bucket, node.key)
+        if not others and (cached is None or cached.etag != node.etag):
+            return  # nothing of this version here: the first read's GET, pinned to it, tells
+        holder = self.handles.reader_of_version(node)
+        whole = holder is not None and (holder.entry.present is None or holder.entry.present.covers(
+            0, min(holder.entry.size, holder.entry.source_len)))
+        try:
+            info = await self.cache.current(self.store, vs.bucket, node.key, etag=node.etag,
+                                            ttl=0.0 if others and not whole else vs.ttl)
+        except StoreError as exc:
+            if exc.errno != errno.ENOENT:
+                raise store_failure(exc, "opening", vs.bucket, node.key) from exc
+            return  # deleted: what is cached of the version is all there is
+        if info is None:
+            return
+        current = self.tree.object_changed(node, info["size"],
+                                           int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
+                                           info["etag"])
+        if current is not node:
+            raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
 
     async def _ready(self, h: FileHandle, off: int, size: int) -> int:
         async with h.lock:
@@ -87,12 +114,19 @@ class Reads:
                 h.entry = other.entry
                 return h.fd
             vs = node.parent.view
+            # the kernel may serve this handle pages of the node's version (kept at open, or
+            # of an inode the name has left): its reads are of that version or fail, never
+            # of a newer one
+            exact = node.gone or self.tree.serves(node.ino, node.etag)
             try:
                 entry, info = await self.cache.fetch(self.store, vs.bucket, node.key, etag=node.etag,
                                                      size=node.size, ttl=vs.ttl,
-                                                     want=(off, off + size))
+                                                     want=(off, off + size), exact=exact)
             except StoreError as exc:
-                raise store_failure(exc, "reading", vs.bucket, node.key) from exc
+                failure = store_failure(exc, "reading", vs.bucket, node.key)
+                if exact:  # its version is gone (or unreachable): EIO, never another's bytes
+                    failure.errno = errno.EIO
+                raise failure from exc
             try:
                 h.fd = os.open(entry.path, os.O_RDONLY)
             except OSError as exc:

@@ -28,6 +28,7 @@ needs: ``implied_tags`` (tags of a file created in a directory), ``mkdir_propert
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import time
 
@@ -36,8 +37,13 @@ import trio
 from ..errors import FsError
 from .catalog import EARLIER_KEPT, Pending, ViewCatalog, ViewState, local_pending
 from .handles import Handles
-from .inodes import (ROOT_INODE, Dir, File, InodeTable, Node, dir_value, key_path,
-                     layout_values, value_dir)
+from .inodes import (ROOT_INODE, Dir, File, InodeTable, Node, dir_value, is_cut, key_path,
+                     layout_values, unshowable, unshowable_values, value_dir)
+
+log = logging.getLogger(__name__)
+
+# keys not shown that are logged per view (each once); the rest are counted only
+UNSHOWN_LOGGED = 1000
 
 
 class Tree:
@@ -90,9 +96,11 @@ class Tree:
         rel = key_path(vs.root, vs.flat, key)
         if rel is None:
             return None
+        if vs.flat and is_cut(rel):  # a cut long name: remember the key it stands for
+            vs.long_names[rel] = key[len(vs.root):]
         if vs.by is not None:
             values = vs.values.get(key)
-            if values is None:
+            if values is None or unshowable_values(values) is not None:
                 return None
             return [self._value_dir(vs, v) for v in values], rel
         if vs.flat:
@@ -100,6 +108,24 @@ class Tree:
         parts = rel.split("/")
         name = parts.pop()
         return parts, name
+
+    def _unshown(self, vs: ViewState, key: str) -> None:
+        """``key``, put in ``vs``, got no name there: when it has none by the rules
+        (``unshowable``; in a layout by properties also a value with a NUL byte) it is
+        counted in ``vs.unshown`` (``delvefs status``) and logged, once per key."""
+        if key in vs.unshown or not key.startswith(vs.root):
+            return
+        reason = unshowable(key[len(vs.root):], vs.flat)
+        if reason is None and vs.by is not None:
+            reason = unshowable_values(vs.values.get(key) or ())
+        if reason is None:  # outside the root, a folder marker, values not known yet
+            return
+        vs.unshown[key] = reason
+        if len(vs.unshown) <= UNSHOWN_LOGGED:
+            log.warning("view %s: key %r not shown: %s", vs.name, key, reason)
+            if len(vs.unshown) == UNSHOWN_LOGGED:
+                log.warning("view %s: %d keys not shown; further ones are counted by `delvefs "
+                            "status` but not logged", vs.name, UNSHOWN_LOGGED)
 
     def _stale(self, vs: ViewState, key: str, obj: dict | None) -> bool:
         """True when the handler's change (``obj`` for a put, None for a delete) of ``key``
@@ -163,7 +189,13 @@ class Tree:
             moved = self._unplace(vs, obj["key"])
         path = self._path(vs, obj["key"])
         if path is None:
+            if moved is not None:  # its new values have no directory name: gone here
+                self.table.detach(moved)
+                self.cache.forget(vs.bucket, obj["key"])
+            self._unshown(vs, obj["key"])
             return None
+        if vs.unshown:  # shown now (a layout by properties: its values changed)
+            vs.unshown.pop(obj["key"], None)
         dirs, name = path
         mtime_ns = int(obj.get("mtime", 0) * 1e9)
         table = self.table
@@ -279,7 +311,7 @@ class Tree:
 
     def _value_dir(self, vs: ViewState, value: str | None) -> str:
         name = value_dir(value)
-        if "%~" in name:  # a cut long value (never in an escaped one): remember what it stands for
+        if is_cut(name):  # a cut long value: remember what it stands for
             vs.long_names[name] = value
         return name
 
@@ -392,6 +424,8 @@ class Tree:
     def delete(self, vs: ViewState, key: str, *, remote: bool = True, notify: bool = True) -> None:
         if remote and vs.overlay and self._stale(vs, key, None):
             return
+        if vs.unshown:
+            vs.unshown.pop(key, None)
         if vs.by is not None:
             node = self.find(vs, key)
             vs.values.pop(key, None)
@@ -462,10 +496,10 @@ class Tree:
         for f in doomed:
             if not f.gone:
                 self.remove(f)
-        if vs.by is not None:
-            for known in (vs.values, vs.placed):
-                for key in [k for k in known if k not in seen]:
-                    del known[key]
+        knowns = (vs.unshown, vs.values, vs.placed) if vs.by is not None else (vs.unshown,)
+        for known in knowns:
+            for key in [k for k in known if k not in seen]:
+                del known[key]
 
     def find(self, vs: ViewState, key: str) -> Node | None:
         if vs.by is not None:  # where its file is (its values may have changed meanwhile)

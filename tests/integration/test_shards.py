@@ -1,0 +1,252 @@
+"""Three handler shards on one RabbitMQ and one MinIO: each bucket's events reach its owner
+only (routed by the broker), clients find the owner themselves (and follow a 421 when
+their map is outdated), a mount spans the shards, one shard's standby takes over a SIGKILL
+while the others go on, and a bucket handed to another shard keeps every object."""
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import uuid
+
+import pytest
+
+from delvefs.client.handler_api import HandlerError, SyncHandlerClient
+from delvefs.devtools.localservices import free_port
+from delvefs.shared.s3 import ensure_bucket, presigned_list_url, wire_notifications
+from delvefs.shared.shards import ShardMap
+from eventhandler.devtools import HandlerGroup, spec
+
+from ..conftest import service_unavailable
+from ..waiting import wait_until
+from .mounts import DELVEFS, Mounts, fuse_available, listdir
+
+pytestmark = pytest.mark.services
+
+SHARDS = ("a", "b", "c")
+OBJECTS = 40  # per bucket
+CATCH_UP = 90.0  # generous bound on MinIO -> RabbitMQ -> shard (a loaded machine)
+
+
+class Deployment:
+    """Three shards (``a`` with a standby), their map, one bucket owned by each."""
+
+    def __init__(self, services, env: dict, s3, tmp_path, group: HandlerGroup):
+        self.services, self.s3, self.tmp = services, s3, tmp_path
+        ports = {name: free_port() for name in SHARDS}
+        self.standby_port = free_port()
+        entries = []
+        for name in SHARDS:
+            entries.append(f"{name}=http://127.0.0.1:{ports[name]}")
+            if name == "a":
+                entries.append(f"a=http://127.0.0.1:{self.standby_port}")
+        self.map_text = ",".join(entries)
+        self.map = ShardMap.parse(self.map_text)
+        run = uuid.uuid4().hex[:8]
+        self.queues = {name: f"shard-{run}-{name}" for name in SHARDS}
+        self.group = group
+        self.handlers = {name: self._start(name, ports[name]) for name in SHARDS}
+        self.standby = self._start("a", self.standby_port, standby=True)
+        self.buckets = {}  # shard -> a bucket it owns
+        while len(self.buckets) < len(SHARDS):
+            b = f"t-{uuid.uuid4().hex[:12]}"
+            self.buckets.setdefault(self.map.owner(b), b)
+        for b in self.buckets.values():
+            ensure_bucket(s3, b)
+            wire_notifications(s3, b, services.minio.notify_arn)
+        self.client = SyncHandlerClient(self.map_text, "test-token", timeout=60)
+
+    def _start(self, name: str, port: int, standby: bool = False):
+        try:
+            return self.group.start(self.tmp / f"shard-{name}", standby=standby, port=port,
+                                    queue=self.queues[name],
+                                    args=("--shard", name, "--shard-map", self.map_text))
+        except RuntimeError as exc:
+            service_unavailable(f"event handler shard {name}: {exc}")
+
+    def register(self, client=None) -> dict[str, str]:
+        """One view per bucket, registered through the routed client: bucket -> view id."""
+        client = client or self.client
+        views = [{"name": f"all-{b}", "spec": spec(b)} for b in self.buckets.values()]
+        answer = client.register("shard-test", views, {b: presigned_list_url(self.s3, b)
+                                                       for b in self.buckets.values()})
+        return {v["spec"]["bucket"]: a["id"] for v, a in zip(views, answer)}
+
+    def put(self, bucket: str, prefix: str, n: int = OBJECTS) -> set[str]:
+        keys = {f"{prefix}/k{i:03d}" for i in range(n)}
+        for k in sorted(keys):
+            self.s3.put_object(Bucket=bucket, Key=k, Body=k.encode())
+        return keys
+
+    def bucket_keys(self, bucket: str) -> set[str]:
+        keys = set()
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys.update(o["Key"] for o in page.get("Contents", []))
+        return keys
+
+    def view_keys(self, vid: str, client=None) -> set[str]:
+        return set((client or self.client).list_all(vid)[1])
+
+    def shard_answer(self, name: str) -> dict:
+        return self.handlers[name].api.shard_maps()
+
+
+@pytest.fixture
+def deployment(services, service_env, s3, tmp_path):
+    group = HandlerGroup(service_env, services.rabbit.url)
+    d = Deployment(services, service_env, s3, tmp_path, group)
+    yield d
+    d.client.close()
+    group.close()
+
+
+def test_each_buckets_events_reach_its_owner_only(deployment):
+    d = deployment
+    vids = d.register()
+    written = {b: d.put(b, "x") for b in d.buckets.values()}
+    for b, vid in vids.items():
+        wait_until(lambda: d.view_keys(vid) == written[b], CATCH_UP, f"every object of {b} listed")
+    for name, bucket in d.buckets.items():
+        answer = d.shard_answer(name)
+        assert answer["shard"] == name and answer["buckets"] == [bucket]
+        assert answer["foreign_events"] == 0
+        # nothing reached a shard that it had to drop: the broker routed by bucket
+        assert d.handlers[name].metric("delvefs_events_dropped_total") == 0
+        assert d.handlers[name].metric("delvefs_events_processed_total") >= OBJECTS
+
+
+def test_a_shard_answers_421_and_an_outdated_client_follows_it(deployment):
+    d = deployment
+    vids = d.register()
+    bucket_a = d.buckets["a"]
+    # asked directly about a bucket it does not own, shard b names the owner and the map
+    r = d.handlers["b"].http.get(f"/v1/objects/{bucket_a}/some-key")
+    assert r.status_code == 421
+    body = r.json()
+    assert body["error"] == "misdirected" and body["owner"] == "a" and body["shard"] == "b"
+    assert body["urls"] == d.map.urls("a") and ShardMap.from_json(body) == d.map
+    # a client whose map has a's and b's URLs the wrong way round is corrected by the 421
+    swapped = d.map_text.replace(f"a=http://127.0.0.1:{d.handlers['a'].port}", "TMP") \
+        .replace(f"b=http://127.0.0.1:{d.handlers['b'].port}", f"b=http://127.0.0.1:{d.handlers['a'].port}") \
+        .replace("TMP", f"a=http://127.0.0.1:{d.handlers['b'].port}")
+    with SyncHandlerClient(swapped, "test-token", timeout=60) as outdated:
+        assert outdated.shards != d.map
+        outdated.register("outdated", [{"name": "all", "spec": spec(bucket_a)}],
+                          {bucket_a: presigned_list_url(d.s3, bucket_a)})
+        assert outdated.shards == d.map
+        keys = d.put(bucket_a, "o", 5)
+        wait_until(lambda: keys <= d.view_keys(vids[bucket_a], outdated), CATCH_UP, "listed via the owner")
+    assert d.client.shard_maps()["c"]["shard"] == "c"
+    env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
+           "DELVEFS_HANDLER_TOKEN": "test-token"}
+    shown = subprocess.run([DELVEFS, "shards", "show"], env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    for name, bucket in d.buckets.items():
+        assert f"{name}: " in shown.stdout and bucket in shown.stdout
+    assert shown.stdout.count("foreign events: 0") == len(SHARDS)
+
+
+def test_a_mount_spans_the_shards(deployment, tmp_path):
+    if not fuse_available():
+        service_unavailable("/dev/fuse or fusermount3 missing")
+    d = deployment
+    env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
+           "DELVEFS_HANDLER_TOKEN": "test-token", "DELVEFS_STATE_HOME": str(tmp_path / "state")}
+    for b in d.buckets.values():
+        d.put(b, "data", 3)
+    m = Mounts(tmp_path, env)
+    try:
+        mp = m.mount("".join(f"""
+            {name}:
+              bucket: {b}
+              object: "data/*"
+              ttl: 1s
+            """ for name, b in d.buckets.items()))
+        for name, b in d.buckets.items():
+            wait_until(lambda: {f"k{i:03d}" for i in range(3)} <= set(listdir(mp / name) or ()), CATCH_UP,
+                       f"view {name} lists its bucket")
+            (mp / name / "written.txt").write_text(f"into {b}")
+        for name, b in d.buckets.items():  # close returned: S3 has it (close-to-open)
+            assert d.s3.get_object(Bucket=b, Key="data/written.txt")["Body"].read() == f"into {b}".encode()
+            wait_until(lambda: "written.txt" in listdir(mp / name), CATCH_UP, "the written file listed")
+        vids = d.register()
+        for b, vid in vids.items():  # the shards hold what the mount wrote
+            wait_until(lambda: d.view_keys(vid) == d.bucket_keys(b), CATCH_UP, f"{b} as in S3")
+    finally:
+        m.cleanup()
+
+
+def test_a_killed_shard_fails_over_while_the_others_go_on(deployment):
+    d = deployment
+    vids = d.register()
+    others = [d.handlers[n] for n in ("b", "c")]
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def watch_others() -> None:  # the other shards answer throughout
+        while not stop.is_set():
+            for h in others:
+                try:
+                    if h.api.health(timeout=10)["status"] != "ok":
+                        failures.append(f"{h.url} degraded")
+                except HandlerError as exc:
+                    failures.append(f"{h.url}: {exc}")
+            stop.wait(0.05)
+    watcher = threading.Thread(target=watch_others, daemon=True)
+    watcher.start()
+    try:
+        first = {b: d.put(b, "before", OBJECTS // 2) for b in d.buckets.values()}
+        d.handlers["a"].kill()
+        wait_until(lambda: d.standby.role() == "active", 60, "a's standby took over")
+        second = {b: d.put(b, "after", OBJECTS // 2) for b in d.buckets.values()}
+        for b, vid in vids.items():
+            wait_until(lambda: d.view_keys(vid) == first[b] | second[b] == d.bucket_keys(b), CATCH_UP,
+                       f"view of {b} equals its bucket")
+    finally:
+        stop.set()
+        watcher.join(30)
+    assert failures == []
+
+
+def test_a_bucket_moved_to_another_shard_keeps_every_object(deployment):
+    d = deployment
+    vids = d.register()
+    bucket = d.buckets["a"]
+    before = d.put(bucket, "before")
+    wait_until(lambda: d.view_keys(vids[bucket]) == before, CATCH_UP, "listed on shard a")
+    env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
+           "DELVEFS_HANDLER_TOKEN": "test-token", "DELVEFS_STATE_HOME": str(d.tmp / "state")}
+    mount = None
+    if fuse_available():  # a mount of the bucket follows it: 421, registered again on c
+        mounts = Mounts(d.tmp, env)
+        mount = mounts.mount(f"""
+            moved:
+              bucket: {bucket}
+              object: "before/*"
+              ttl: 1s
+            """)
+        assert set(listdir(mount / "moved")) == {k.split("/")[1] for k in before}
+    r = subprocess.run([DELVEFS, "shards", "move", bucket, "--to", "c"], env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert f"@{bucket}=c" in r.stdout
+    during = d.put(bucket, "during")
+    # shard a lets it go; a client with the old map follows the 421 to c and registers there
+    assert bucket not in d.shard_answer("a")["buckets"]
+    with pytest.raises(HandlerError) as gone:
+        d.client.list_page(vids[bucket], None)
+    assert gone.value.status == 404  # forgotten on a (a mount registers again: reprove)
+    moved = d.register()
+    assert d.client.shards.owner(bucket) == "c" and moved[bucket] == vids[bucket]
+    after = d.put(bucket, "after")
+    wait_until(lambda: d.view_keys(vids[bucket]) == before | during | after == d.bucket_keys(bucket),
+               CATCH_UP, "every object of the moved bucket listed on shard c")
+    assert d.shard_answer("c")["buckets"] == sorted([bucket, d.buckets["c"]])
+    assert all(d.shard_answer(n)["foreign_events"] == 0 for n in ("b", "c"))
+    if mount is not None:
+        try:
+            d.put(bucket, "before", OBJECTS + 3)  # three more, listed by the mount through shard c
+            wait_until(lambda: len(listdir(mount / "moved")) == OBJECTS + 3, CATCH_UP,
+                       "the mount lists the moved bucket's new objects")
+        finally:
+            mounts.cleanup()
