@@ -155,7 +155,7 @@ def run(args) -> int:
             log.info("shard %s of %s", shard, sharding.map.text())
         store = Store(str(state_dir / "leveldb"))
         stack.callback(store.close)
-        metrics = Metrics()
+        metrics = Metrics(shard=shard or "0")  # ("0": the only handler)
         fatal: list[str] = []  # why the handler must stop (its state cannot be written)
 
         def stop_for(reason: str) -> None:  # any thread

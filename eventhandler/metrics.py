@@ -9,6 +9,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 
+from delvefs.shared.histogram import cumulative
+
 LATENCY_BOUNDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -35,20 +37,21 @@ class BatchHistogram:
     def collect(self):
         with self._lock:
             counts, total = list(self.counts), self.sum
-        acc, buckets = 0, []
-        for bound, c in zip(self.bounds, counts):
-            acc += c
-            buckets.append((repr(float(bound)), acc))
-        acc += counts[-1]
-        buckets.append(("+Inf", acc))
         m = HistogramMetricFamily(self.name, self.doc)
-        m.add_metric([], buckets, total)
+        m.add_metric([], cumulative(self.bounds, counts), total)
         yield m
 
 
 class Metrics:
-    def __init__(self):
+    """``shard``: the name of the shard this handler serves ("0": the one handler of a
+    deployment without shards), exported as ``delvefs_handler_info{shard}`` for dashboards
+    to join the handler's metrics on."""
+
+    def __init__(self, shard: str = "0"):
         r = self.registry = CollectorRegistry()
+        self.info = Gauge("delvefs_handler_info", "always 1; its labels name the handler's shard",
+                          ["shard"], registry=r)
+        self.info.labels(shard=shard).set(1)
         self.processed = Counter("delvefs_events_processed", "events applied to the state", registry=r)
         self.dropped = Counter("delvefs_events_dropped", "events of buckets no view names", registry=r)
         self.stale = Counter("delvefs_events_stale",

@@ -2,9 +2,10 @@
 settings and hands each what it needs through its constructor, inside one AsyncExitStack
 and one nursery, in this order, and tears them down in reverse: S3 store -> proofs ->
 handler client -> data cache (the cache directory claimed) -> core (views registered with
-the handler while the buckets are checked) -> control operations -> FUSE adapter
-(mounted) -> tasks (invalidation notifier, uploads, control socket, signal watchers, the
-FUSE request loop, view prefetch, proof renewal).
+the handler while the buckets are checked) -> control operations -> metrics exporter
+(opt-in: its address bound, its file written) -> FUSE adapter (mounted) -> tasks
+(invalidation notifier, uploads, control socket, signal watchers, metrics, the FUSE
+request loop, view prefetch, proof renewal).
 
 Time to ready is mostly process start, so nothing is done before it that can wait: with
 an endpoint and static keys in the environment, the ListObjectsV2 proofs for the handler
@@ -47,6 +48,7 @@ async def serve(settings, views, ready) -> None:
     from .control import ControlServer, socket_path
     from .fs.core import FileSystem
     from .handler_api import HandlerClient
+    from .metrics import open_exporter, request_times
     from .proofs import Proofs
     from .reload import ViewsReloader
     from .status import mount_status
@@ -89,7 +91,12 @@ async def serve(settings, views, ready) -> None:
             "reload": reloader.control,
         })
 
-        adapter = fuse_adapter.Adapter(core)
+        # Prometheus metrics (opt-in): the address is bound before mounting, so a busy one fails the mount
+        requests = request_times() if settings.metrics else None
+        exporter = await open_exporter(settings, core, requests)
+        if exporter is not None:
+            stack.callback(exporter.close)
+        adapter = fuse_adapter.Adapter(core, request_times=requests)
         try:
             fuse_adapter.mount(adapter, mountpoint, fuse_adapter.fuse_options() | settings.fuse_options)
         except RuntimeError as exc:
@@ -103,6 +110,8 @@ async def serve(settings, views, ready) -> None:
             nursery.start_soon(_quiet_gc)
             await nursery.start(_watch_signals, fuse_adapter.terminate)
             await nursery.start(reloader.watch_hangups)
+            if exporter is not None:
+                nursery.start_soon(exporter.run)
 
             async def serve_then_stop():
                 await fuse_adapter.serve()

@@ -125,6 +125,10 @@ class DataCache:
         self.got = 0        # bytes they brought
         self.fetching = 0   # fetches running now
         self.heads = 0
+        # reads (the mount's metrics): served from bytes present (hits) or after waiting
+        # for a fetch (misses: ``waits`` counts the ensures that waited)
+        self.hits = self.misses = self.hit_bytes = self.miss_bytes = 0
+        self.waits = 0
 
     # the bound's figures, as the cache's
     @property
@@ -271,6 +275,8 @@ class DataCache:
                         waits[f] = max(waits.get(f, 0), min(stop, (block + 1) * self.block_size))
             for f in self._start(store, entry, new):
                 waits[f] = f.end
+            if waits:
+                self.waits += 1
             pin = (start, stop)
             entry.pinned.append(pin)
             try:
@@ -279,6 +285,16 @@ class DataCache:
             finally:
                 entry.pinned.remove(pin)
             # loop: a fetch that ended early (cancelled, the size changed) is started again
+
+    def served(self, nbytes: int, missed: bool) -> None:
+        """A read of ``nbytes`` was answered: after waiting for a fetch (``missed``: an
+        ``ensure`` waited since the read began, see ``waits``) or from the cache."""
+        if missed:
+            self.misses += 1
+            self.miss_bytes += nbytes
+        else:
+            self.hits += 1
+            self.hit_bytes += nbytes
 
     def prefetch(self, store, entry: CacheEntry, start: int, end: int) -> list[Fetch]:
         """Start fetching the missing blocks of [start, end) nobody waits for yet (they are

@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 import os
+from time import perf_counter
 
 import pyfuse3
 import trio
@@ -48,7 +49,8 @@ CUSTOM_IO = hasattr(pyfuse3, "killpriv_flags")
 
 def _guard(fn):
     """Map FsError to its errno, an OSError (cache file I/O) to its own, and anything
-    unexpected to EIO with a log line."""
+    unexpected to EIO with a log line. With metrics on, time the request (by operation,
+    whether it failed: ``Adapter.request_times``)."""
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -56,8 +58,13 @@ def _guard(fn):
         if trace_requests:
             # write data is not logged, only its length
             log.debug("%s%r", name, args if name != "write" else (args[0], args[1], len(args[2])))
+        times = self.request_times
+        started = perf_counter() if times is not None else 0.0
+        failed = True
         try:
-            return await fn(self, *args)
+            answer = await fn(self, *args)
+            failed = False
+            return answer
         except pyfuse3.FUSEError:
             raise
         except FsError as exc:
@@ -71,6 +78,9 @@ def _guard(fn):
         except Exception:  # noqa: BLE001 — the contract: never let one escape
             log.exception("unexpected error in %s%r", fn.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            if times is not None:
+                times.observe(name, perf_counter() - started, failed)
     return wrapper
 
 
@@ -114,9 +124,12 @@ class Notifier:
 class Adapter(pyfuse3.Operations):
     supports_dot_lookup = True
 
-    def __init__(self, core: FileSystem):
+    def __init__(self, core: FileSystem, request_times=None):
         super().__init__()
         self.core = core
+        # FUSE requests timed by operation (delvefs.shared.histogram.Timings); None: the
+        # mount exports no metrics
+        self.request_times = request_times
         # Eager mode: the kernel's writeback cache (writes reach the mount coalesced, at
         # close, fsync or the kernel's writeback: one request instead of one per write(2)).
         # The kernel then keeps the sizes and mtimes of the files it holds, so the core

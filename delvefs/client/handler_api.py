@@ -9,7 +9,8 @@ Two layers:
 - *Clients* send them: :class:`HandlerClient` (``httpx.AsyncClient`` on trio via anyio,
   the mount: requests never block the loop) and :class:`SyncHandlerClient`
   (``httpx.Client``: ``delvefs watch``, the tests' and benchmarks' ``HandlerProcess``).
-  Both offer the operations of :class:`HandlerOperations`.
+  Both offer the operations of :class:`HandlerOperations`. The mount's client times
+  each round trip by the request's ``kind`` (``round_trips``: the mount's metrics).
 
 A client may be given several handler URLs (comma-separated: the active handler and its
 standbys, eventhandler/standby.py). It sends to the one that answered last; on a
@@ -30,6 +31,7 @@ Listings and changes are requested as msgpack, other answers as JSON. Errors:
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
 
@@ -37,6 +39,7 @@ import httpx
 import msgpack
 
 from ..shared.config import handler_ca, handler_urls
+from ..shared.histogram import Timings
 from ..shared.shards import ShardMap
 
 MSGPACK = "application/msgpack"
@@ -74,10 +77,10 @@ class ApiRequest:
     """One request of the API, and how its answer is read. (A plain class: making a
     dataclass would add ~1.5 ms to every mount's start.)"""
 
-    __slots__ = ("method", "path", "what", "params", "body", "headers", "timeout",
+    __slots__ = ("method", "path", "what", "kind", "params", "body", "headers", "timeout",
                  "answer_field", "absent_is_none", "text", "bucket", "view")
 
-    def __init__(self, method: str, path: str, what: str, *, params: dict | None = None,
+    def __init__(self, method: str, path: str, what: str, kind: str, *, params: dict | None = None,
                  body: object = None, headers: dict | None = None, timeout: float | None = None,
                  answer_field: str | None = None, absent_is_none: bool = False, text: bool = False,
                  bucket: str | None = None, view: str | None = None):
@@ -85,6 +88,7 @@ class ApiRequest:
         # where a sharded client sends it: the owner of `bucket`, or of the view's bucket
         self.bucket, self.view = bucket, view
         self.what = what                  # names the request in error messages
+        self.kind = kind                  # names the endpoint in the mount's metrics
         self.params = params
         self.body = body                  # sent as JSON
         self.headers = {"Accept": JSON} if headers is None else headers
@@ -140,22 +144,22 @@ def unreachable(base_url: str, exc: httpx.HTTPError) -> HandlerUnavailable:
 
 
 def health_request(timeout: float | None = None) -> ApiRequest:
-    return ApiRequest("GET", "/healthz", "health", timeout=timeout)
+    return ApiRequest("GET", "/healthz", "health", "health", timeout=timeout)
 
 
 def metrics_request() -> ApiRequest:
-    return ApiRequest("GET", "/metrics", "metrics", headers={}, text=True)
+    return ApiRequest("GET", "/metrics", "metrics", "metrics", headers={}, text=True)
 
 
 def status_request() -> ApiRequest:
     """What the handler is doing, as far as this principal may see it: its event source
     and lag, buckets (scan progress), views, dead letters (docs/API.md, ``GET /v1/status``)."""
-    return ApiRequest("GET", "/v1/status", "handler status")
+    return ApiRequest("GET", "/v1/status", "handler status", "status")
 
 
 def register_request(client: str, views: list[dict], proof: dict[str, str]) -> ApiRequest:
     """``views``: [{"name", "spec"}]; ``proof``: {bucket: presigned ListObjectsV2 URL}."""
-    return ApiRequest("POST", "/v1/views", "registering views",
+    return ApiRequest("POST", "/v1/views", "registering views", "register",
                       body={"client": client, "views": views, "proof": proof}, answer_field="views",
                       bucket=view_bucket(views[0]) if views else None)
 
@@ -170,14 +174,14 @@ def view_bucket(view) -> str | None:
 def unregister_request(view_id: str) -> ApiRequest:
     """Drop this principal's registration of a view (the handler forgets a view with its
     last registration); a view the handler does not hold for this principal answers None."""
-    return ApiRequest("DELETE", f"/v1/views/{view_id}", f"unregistering view {view_id}",
+    return ApiRequest("DELETE", f"/v1/views/{view_id}", f"unregistering view {view_id}", "unregister",
                       absent_is_none=True, view=view_id)
 
 
 def proofs_request(proof: dict[str, str | list[str]]) -> ApiRequest:
     """Fresh proofs, ``{bucket: presigned ListObjectsV2 URL or [URL, ...]}``, renewing this
     principal's grants before they expire."""
-    return ApiRequest("POST", "/v1/proofs", "presenting proofs", body={"proof": proof},
+    return ApiRequest("POST", "/v1/proofs", "presenting proofs", "proofs", body={"proof": proof},
                       answer_field="grants", bucket=next(iter(proof), None))
 
 
@@ -196,7 +200,7 @@ def list_request(view_id: str, after: str | None, limit: int, wait: float | None
         params["wait"] = wait
     if after is not None:
         params["after"] = after
-    return ApiRequest("GET", f"/v1/views/{view_id}/objects", f"listing view {view_id}",
+    return ApiRequest("GET", f"/v1/views/{view_id}/objects", f"listing view {view_id}", "list",
                       params=params, headers={"Accept": f"{MSGPACK}, {JSON}"}, view=view_id)
 
 
@@ -204,31 +208,31 @@ def changes_request(view_id: str, since: int, limit: int, wait: float = 0) -> Ap
     params = {"since": since, "limit": limit}
     if wait:
         params["wait"] = wait
-    return ApiRequest("GET", f"/v1/views/{view_id}/changes", f"changes of view {view_id}",
+    return ApiRequest("GET", f"/v1/views/{view_id}/changes", f"changes of view {view_id}", "changes",
                       params=params, headers={"Accept": f"{MSGPACK}, {JSON}"}, view=view_id)
 
 
 def lookup_request(bucket: str, key: str) -> ApiRequest:
     path = f"/v1/objects/{urllib.parse.quote(bucket, safe='')}/{urllib.parse.quote(key, safe='')}"
-    return ApiRequest("GET", path, f"looking up {bucket}/{key}", absent_is_none=True, bucket=bucket)
+    return ApiRequest("GET", path, f"looking up {bucket}/{key}", "lookup", absent_is_none=True, bucket=bucket)
 
 
 def stream_request(view_id: str, since: int) -> ApiRequest:
     """The change stream after version ``since``: a reconnecting client passes the last
     version it saw (``Last-Event-ID``, as browsers do; ``since`` for the first connect)."""
-    return ApiRequest("GET", f"/v1/views/{view_id}/stream", f"change stream of view {view_id}",
+    return ApiRequest("GET", f"/v1/views/{view_id}/stream", f"change stream of view {view_id}", "stream",
                       params={"since": since}, view=view_id,
                       headers={"Accept": "text/event-stream", "Last-Event-ID": str(since)})
 
 
 def shards_request() -> ApiRequest:
     """The shard map a handler serves, its shard and its buckets (``GET /v1/shards``)."""
-    return ApiRequest("GET", "/v1/shards", "shard map")
+    return ApiRequest("GET", "/v1/shards", "shard map", "shards")
 
 
 def handoff_request(bucket: str, to: str, proof: dict[str, str]) -> ApiRequest:
     """Hand ``bucket`` to shard ``to`` (``POST /v1/shards/handoff``); sent to its owner."""
-    return ApiRequest("POST", "/v1/shards/handoff", f"handing {bucket} to shard {to}",
+    return ApiRequest("POST", "/v1/shards/handoff", f"handing {bucket} to shard {to}", "handoff",
                       body={"bucket": bucket, "to": to, "proof": proof}, bucket=bucket)
 
 
@@ -391,6 +395,10 @@ def run_plan(plan, send):
 
 
 # ----------------------------------------------------------------- clients
+
+# seconds; a listing held while the handler's first scan runs may take up to half the timeout
+ROUND_TRIP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
 
 def _http_options(base_url: str, token: str | None, timeout: float) -> dict:
     """httpx client options shared by both clients."""
@@ -629,6 +637,8 @@ class HandlerClient(HandlerOperations):
                  reprove=None):
         super().__init__(base_url, token, timeout=timeout)
         self.reprove = reprove
+        # round trips by request kind (ApiRequest.kind), for the mount's metrics
+        self.round_trips = Timings(ROUND_TRIP_BOUNDS)
 
     def _new_client(self, options: dict) -> httpx.AsyncClient:
         return httpx.AsyncClient(**options, limits=httpx.Limits(max_connections=16))
@@ -665,16 +675,25 @@ class HandlerClient(HandlerOperations):
             return done.value if combine is None else combine(done.value)
 
     async def _send(self, shard: str, request: ApiRequest):
-        attempts = self.failovers[shard].attempts()
-        for url in attempts:
-            try:
-                resp = await self.client(url).request(**request.httpx_args())
-            except httpx.HTTPError as exc:
-                attempts.failed(url, exc)
-                continue
-            if attempts.answered(resp):
-                return request.answer(resp)
-        return request.answer(attempts.outcome())
+        started = time.perf_counter()
+        failed = True
+        try:
+            attempts = self.failovers[shard].attempts()
+            for url in attempts:
+                try:
+                    resp = await self.client(url).request(**request.httpx_args())
+                except httpx.HTTPError as exc:
+                    attempts.failed(url, exc)
+                    continue
+                if attempts.answered(resp):
+                    answer = request.answer(resp)
+                    failed = False
+                    return answer
+            answer = request.answer(attempts.outcome())
+            failed = False
+            return answer
+        finally:
+            self.round_trips.observe(request.kind, time.perf_counter() - started, failed)
 
 
 class SyncHandlerClient(HandlerOperations):

@@ -100,6 +100,36 @@ def _mode_text(value: int) -> str:
     return f"{value:04o}"
 
 
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port); ``:PORT`` -> ("", port):
+    every interface, as rclone's ``--metrics-addr``."""
+    host, colon, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if not colon or not port.isdigit() or not 0 < int(port) < 65536 or (":" in host and not bracketed):
+        raise OptionError(f"metrics_addr={text}: expected HOST:PORT such as 127.0.0.1:9101 "
+                          "(:PORT: every interface)")
+    return host, int(port)
+
+
+def _address_text(value: tuple[str, int]) -> str:
+    host, port = value
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _seconds(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = 0.0
+        if not value > 0:
+            raise OptionError(f"{name}={text}: expected a number of seconds above 0")
+        return value
+    return parse
+
+
 # ----------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -170,6 +200,15 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 "--foreground)", metavar="FILE"),
     MountOption("debug", "--debug", "debug", None,
                 "log level debug, stay in the foreground and log each FUSE request", default=False),
+    MountOption("metrics_addr", "--metrics-addr", "metrics_addr", parse_address,
+                "serve Prometheus metrics on http://HOST:PORT/metrics (:PORT: every interface; "
+                "default: none)", metavar="HOST:PORT", show=_address_text),
+    MountOption("metrics_textfile", "--metrics-textfile", "metrics_textfile", _text("metrics_textfile"),
+                "write Prometheus metrics to FILE (atomically, every --metrics-interval seconds) "
+                "for node_exporter's textfile collector (default: none)", metavar="FILE"),
+    MountOption("metrics_interval", "--metrics-interval", "metrics_interval",
+                _seconds("metrics_interval"), "seconds between writes of --metrics-textfile "
+                "(default 15)", default=15.0, metavar="SECONDS"),
 )
 
 # -o name -> its option (docs/CONFIGURATION.md lists them all; tests check it)

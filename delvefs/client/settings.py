@@ -62,6 +62,9 @@ class MountSettings:
     log_level: str | None = None
     log_file: str | None = None
     debug: bool = False
+    metrics_addr: tuple[str, int] | None = None  # (host, port) of the metrics' HTTP server
+    metrics_textfile: str | None = None      # the metrics' file for node_exporter
+    metrics_interval: float = 15.0           # seconds between writes of that file
     # from the environment (delvefs/shared/config.py)
     handler_token: str | None = None
     handler_principal: str = config.DEFAULT_PRINCIPAL
@@ -93,6 +96,11 @@ class MountSettings:
             object.__setattr__(self, "writeback_cache", self.eager)
 
     @property
+    def metrics(self) -> bool:
+        """Whether the mount exports Prometheus metrics (delvefs/client/metrics.py)."""
+        return self.metrics_addr is not None or self.metrics_textfile is not None
+
+    @property
     def fuse_options(self) -> set[str]:
         """The FUSE mount options (besides fsname/subtype) the settings ask for."""
         return {name for name in ("allow_other", "allow_root", "default_permissions", "auto_unmount")
@@ -121,7 +129,9 @@ class MountSettings:
             handler_url=config.handler_url(given["handler_url"], env),
             uid=os.getuid() if given["uid"] is None else given["uid"],
             gid=os.getgid() if given["gid"] is None else given["gid"],
-            log_file=os.path.abspath(given["log_file"]) if given["log_file"] else None)
+            log_file=os.path.abspath(given["log_file"]) if given["log_file"] else None,
+            metrics_textfile=(os.path.abspath(given["metrics_textfile"]) if given["metrics_textfile"]
+                              else None))
         return cls(
             **given,
             views_path=os.path.abspath(args.views),

@@ -27,7 +27,9 @@ STATES = ("pending", "uploading", "failed", "conflict")
 
 # ----------------------------------------------------------------- inside the mount
 
-def _views_report(core) -> list[dict]:
+def views_report(core) -> list[dict]:
+    """Each view and how fresh it is (``refreshed_ago``: seconds since its listing was
+    last known current; None until listed)."""
     import trio
 
     now = trio.current_time()
@@ -42,18 +44,28 @@ def _views_report(core) -> list[dict]:
     return views
 
 
-async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
-    """The control operation ``status`` (served by the mount: delvefs/client/composition.py)."""
-    report = core.upload_report()  # files and deletes not in S3 yet (delvefs/client/fs/uploads.py)
+def upload_counts(report: list[dict]) -> dict[str, int]:
+    """How many files (and DELETEs) of ``core.upload_report()`` are in each state."""
     counts = {state: 0 for state in STATES}
     for f in report:
         counts[f["state"]] = counts.get(f["state"], 0) + 1
+    return counts
+
+
+def dirty_bytes(core) -> int:
+    """Bytes of the files written through the mount and not in S3 yet."""
+    return sum(e.size for e in core.dirty.entries())
+
+
+async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
+    """The control operation ``status`` (served by the mount: delvefs/client/composition.py)."""
+    report = core.upload_report()  # files and deletes not in S3 yet (delvefs/client/fs/uploads.py)
     cache = core.cache
     return {"mountpoint": mountpoint, "pid": os.getpid(), "cache_dir": str(cache_dir),
-            "handler": core.handler.base_url, "views": _views_report(core),
-            "files": report, "counts": counts,
+            "handler": core.handler.base_url, "views": views_report(core),
+            "files": report, "counts": upload_counts(report),
             "cache": {"bytes": cache.bytes, "limit": cache.limit, "entries": len(cache.entries),
-                      "dirty_bytes": sum(e.size for e in core.dirty.entries())}}
+                      "dirty_bytes": dirty_bytes(core)}}
 
 
 # ----------------------------------------------------------------- the command

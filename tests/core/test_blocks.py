@@ -273,3 +273,17 @@ async def test_a_dirty_entry_gets_only_the_bytes_still_missing_never_over_a_writ
     with open(entry.path, "rb") as f:
         assert f.read() == data[:B + 10] + b"W" * 100 + data[B + 110:]
     assert entry.present.covers(0, len(data))
+
+
+async def test_reads_count_as_cache_hits_or_misses_with_their_bytes(make_world):
+    # (the mount's metrics: delvefs_mount_cache_reads_total and _read_bytes_total)
+    w, data, node = await world(make_world)
+    fh, _ = await w.fs.open(node.ino, 0)
+    assert await w.fs.read(fh, 10 * B, 100) == data[10 * B:10 * B + 100]  # the first: a GET
+    assert await w.fs.read(fh, 10 * B + 100, 200) == data[10 * B + 100:10 * B + 300]  # that block
+    assert await w.fs.read(fh, 64 * B, B) == b""  # past the end: no read counted
+    c = w.cache
+    assert (c.misses, c.miss_bytes, c.hits, c.hit_bytes) == (1, 100, 1, 200)
+    await w.fs.release(fh)
+    await w.read("v/big")  # a new handle's first read: the blocks still missing come from S3
+    assert (c.misses, c.hits) == (2, 1) and c.miss_bytes == 100 + len(data)

@@ -113,6 +113,8 @@ def test_each_buckets_events_reach_its_owner_only(deployment):
         # nothing reached a shard that it had to drop: the broker routed by bucket
         assert d.handlers[name].metric("delvefs_events_dropped_total") == 0
         assert d.handlers[name].metric("delvefs_events_processed_total") >= OBJECTS
+        # its metrics name the shard (dashboards join on it)
+        assert f'delvefs_handler_info{{shard="{name}"}} 1.0' in d.handlers[name].api.metrics()
 
 
 def test_a_shard_answers_421_and_an_outdated_client_follows_it(deployment):

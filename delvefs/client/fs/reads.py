@@ -144,6 +144,7 @@ class Reads:
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self.handles.file(fh)
+        waits = self.cache.waits  # changed by the time it is answered: a cache miss
         fd = h.fd if h.fd is not None else await self._ready(h, off, size)
         entry = h.entry
         end = min(off + size, entry.size)
@@ -160,6 +161,8 @@ class Reads:
             self.cache.touch(entry, off, end)
             if not entry.dirty:
                 self._read_ahead(h, entry, off, end)
+        if off < end:
+            self.cache.served(end - off, self.cache.waits != waits)
         return os.pread(fd, size, off)
 
     def _read_ahead(self, h: FileHandle, entry: CacheEntry, off: int, end: int) -> None:
