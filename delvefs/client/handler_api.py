@@ -251,26 +251,29 @@ def group_join_request(view_id: str, group: str, member: str, *, existing: bool 
         body["lease"] = lease
     if max_failures is not None:
         body["max_failures"] = max_failures
-    return ApiRequest("POST", _group_path(view_id, group, "/members"), f"joining group {group}", body=body,
+    return ApiRequest("POST", _group_path(view_id, group, "/members"), f"joining group {group}",
+                      "group_join", body=body,
                       view=view_id)
 
 
 def group_leave_request(view_id: str, group: str, member: str) -> ApiRequest:
     """Leave a group: the files the member holds go to the others (``{"released": n}``)."""
     return ApiRequest("DELETE", _group_path(view_id, group, f"/members/{urllib.parse.quote(member, safe='')}"),
-                      f"leaving group {group}", view=view_id)
+                      f"leaving group {group}", "group_leave", view=view_id)
 
 
 def group_claim_request(view_id: str, group: str, member: str, n: int, wait: float) -> ApiRequest:
     """Up to ``n`` files, each in flight at the member for a lease, waiting up to ``wait``
     seconds for one: ``{"files": [{"key", "version", "attempt", "until", "object"}], "lease"}``."""
     return ApiRequest("POST", _group_path(view_id, group, "/claim"), f"claiming files of group {group}",
+                      "group_claim",
                       body={"member": member, "max": n, "wait": wait}, timeout=wait + 30, view=view_id)
 
 
 def group_renew_request(view_id: str, group: str, member: str) -> ApiRequest:
     """Renew the member's leases: ``{"held": [keys], "lease"}``."""
     return ApiRequest("POST", _group_path(view_id, group, "/renew"), f"renewing leases in group {group}",
+                      "group_renew",
                       body={"member": member}, view=view_id)
 
 
@@ -279,12 +282,14 @@ def group_done_request(view_id: str, group: str, member: str, key: str, ok: bool
     """The member is done with ``key`` (``ok``: acknowledged; else a failed attempt):
     ``{"key", "state"}``."""
     return ApiRequest("POST", _group_path(view_id, group, "/done"), f"finishing {key} in group {group}",
+                      "group_done",
                       body={"member": member, "key": key, "ok": ok, "error": error}, view=view_id)
 
 
 def group_status_request(view_id: str, group: str) -> ApiRequest:
     """A group's members, files in flight, done, failed (with the failed files) and backlog."""
-    return ApiRequest("GET", _group_path(view_id, group), f"status of group {group}", view=view_id)
+    return ApiRequest("GET", _group_path(view_id, group), f"status of group {group}", "group_status",
+                      view=view_id)
 
 
 def stream_changes(lines: Iterable[str]) -> Iterator[dict]:
