@@ -32,6 +32,8 @@ Environment (besides config.py's): ``DELVEFS_RECONCILE_INTERVAL`` (seconds; defa
 0 = never; each reconcile also compacts), ``DELVEFS_TOMBSTONE_HORIZON`` (seconds a removed
 key's tombstone is kept; default 86400), ``DELVEFS_VIEW_TTL`` (seconds, or ``--view-ttl``: views
 no mount used this long are forgotten; default 604800 = 7 days, 0 = never),
+``DELVEFS_PUBLISH_TIMEOUT`` (seconds after which the objects of a published directory whose
+manifest never came are shown as they are; default 3600, eventhandler/publish.py),
 ``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``), ``DELVEFS_LOG_LEVEL``
 (default INFO; ``--log-level``, ``--debug`` and ``--log-file`` win); for the SQS source
 ``DELVEFS_SQS_POLLERS`` and ``DELVEFS_SQS_VISIBILITY`` (eventhandler/sqs.py);
@@ -95,6 +97,7 @@ def run(args) -> int:
     from .auth import GRANTS_FILE, Authenticator, Grants, listen_is_loopback, principals_path, tls_context
     from .engine import DEFAULT_VIEW_TTL, Engine
     from .metrics import Metrics
+    from .publish import DEFAULT_PUBLISH_TIMEOUT
     from .standby import StateLock, stand_by
     from .statedb import Store
 
@@ -123,6 +126,7 @@ def run(args) -> int:
     horizon = float(os.environ.get("DELVEFS_TOMBSTONE_HORIZON", "86400"))
     view_ttl = getattr(args, "view_ttl", None)
     view_ttl = float(os.environ.get("DELVEFS_VIEW_TTL", DEFAULT_VIEW_TTL)) if view_ttl is None else view_ttl
+    publish_timeout = float(os.environ.get("DELVEFS_PUBLISH_TIMEOUT", DEFAULT_PUBLISH_TIMEOUT))
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     with contextlib.ExitStack() as stack:
@@ -147,7 +151,8 @@ def run(args) -> int:
         # tags and metadata without botocore when the keys are static (as a mount's)
         reader = BucketReader.from_settings(config.S3Settings.from_env())
         engine = Engine(store, metrics, reader, reconcile_interval=interval,
-                        tombstone_horizon=horizon, view_ttl=view_ttl, on_storage_error=stop_for)
+                        tombstone_horizon=horizon, view_ttl=view_ttl,
+                        publish_timeout=publish_timeout, on_storage_error=stop_for)
         stack.callback(engine.close)
         engine.start()
         sqs_queue = config.sqs_queue(getattr(args, "sqs_queue", None))
