@@ -123,6 +123,49 @@ class Journal:
             self.remove_doomed()
 
 
+class PublishJournal:
+    """Directory publishes under way (``<cache-dir>/publish/<batch>.json``): written before
+    the first object of a renamed directory is copied or uploaded, removed once its manifest
+    is written (delvefs.client.fs.publish). A mount finishes the ones an earlier mount left
+    (after a crash: the objects are in S3, held back from every view, until the manifest).
+    Written with tmp + rename, like the dirty files' records."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def read(self) -> list[dict]:
+        """The records, oldest first (unusable ones are dropped with a warning)."""
+        records = []
+        for p in sorted(self.dir.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+            if not p.name.endswith(".json"):
+                p.unlink()
+                continue
+            try:
+                r = json.loads(p.read_text())
+                r["batch"], r["bucket"], r["moves"]  # noqa: B018 — the fields it must have
+                records.append(r)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("publish record %s unusable (%s): dropped", p.name, exc)
+                p.unlink()
+        return records
+
+    def write(self, record: dict) -> None:
+        """Blocking. Raises StoreError (the cache disk refused)."""
+        final = self.dir / (record["batch"] + ".json")
+        tmp = final.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, final)
+        except OSError as exc:
+            _unlink(tmp)
+            raise cache_file_error(exc, f"publish record of {record['bucket']}/{record['manifest']}") from exc
+
+    def remove(self, record: dict) -> None:
+        """Blocking."""
+        _unlink(self.dir / (record["batch"] + ".json"))
+
+
 def _unlink(path: str | os.PathLike) -> None:
     try:
         os.unlink(path)
@@ -135,6 +178,7 @@ def _unlink(path: str | os.PathLike) -> None:
 
 LOCK = "lock"
 OWNER = "owner.json"
+PUBLISH = "publish"  # the PublishJournal's directory in a cache directory
 
 
 def claim(directory: str | os.PathLike, views_file: str | None) -> int:
@@ -175,7 +219,8 @@ def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
     for d in sorted(Path(others).iterdir()):
         journal = d / "journal"
         try:
-            if d.resolve() == here or not journal.is_dir() or not any(journal.iterdir()):
+            if d.resolve() == here or not any(
+                    x.is_dir() and any(x.iterdir()) for x in (journal, d / PUBLISH)):
                 continue
             if json.loads((d / OWNER).read_text()) != want:
                 continue
@@ -190,7 +235,7 @@ def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
             (here / "journal").mkdir(parents=True, exist_ok=True)
             (here / "data").mkdir(parents=True, exist_ok=True)
             moved = 0
-            for p in sorted(journal.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+            for p in sorted(journal.iterdir() if journal.is_dir() else (), key=lambda p: p.stat().st_mtime_ns):
                 if not p.name.endswith(".json"):
                     continue
                 try:
@@ -205,6 +250,15 @@ def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
                     moved += 1
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     log.warning("journal record %s of %s not taken over: %s", p.name, d, exc)
+            publish = d / PUBLISH
+            for p in sorted(publish.iterdir()) if publish.is_dir() else ():
+                if p.name.endswith(".json"):  # a publish under way: finished by this mount
+                    try:
+                        (here / PUBLISH).mkdir(parents=True, exist_ok=True)
+                        os.rename(p, here / PUBLISH / p.name)
+                        moved += 1
+                    except OSError as exc:
+                        log.warning("publish record %s of %s not taken over: %s", p.name, d, exc)
             if moved:
                 log.info("took over %d dirty files from the journal of %s (an earlier mount of "
                          "%s)", moved, d, want["views"])

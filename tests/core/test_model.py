@@ -101,8 +101,8 @@ class EventLogStore(FakeStore):
         self.record(key)
         return info
 
-    async def copy(self, bucket, key, src_bucket, src_key):
-        info = await super().copy(bucket, key, src_bucket, src_key)
+    async def copy(self, bucket, key, src_bucket, src_key, **kw):
+        info = await super().copy(bucket, key, src_bucket, src_key, **kw)
         self.record(key)
         return info
 
