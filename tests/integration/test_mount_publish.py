@@ -84,6 +84,7 @@ class Subscriber:
         self._thread.join(30)
 
 
+@pytest.mark.timeout(300 + DIRS)
 def test_a_subscriber_never_sees_part_of_a_published_directory(mounts, proxy, bucket):  # noqa: F811
     writer = mount_through(mounts, proxy, bucket)
     reader = mount_through(mounts, proxy, bucket)
@@ -93,7 +94,7 @@ def test_a_subscriber_never_sees_part_of_a_published_directory(mounts, proxy, bu
     try:
         for tmp, name in zip(tmps, names):
             os.rename(tmp, writer / "out" / name)
-        wait_until(lambda: len(sub.complete) == DIRS, TIMEOUT,
+        wait_until(lambda: len(sub.complete) == DIRS, TIMEOUT + DIRS / 2,
                    f"the subscriber sees all {DIRS} directories")
     finally:
         sub.stop()
@@ -135,3 +136,23 @@ def test_a_mount_killed_before_the_manifest_publishes_at_its_next_mount(mounts, 
     assert (reader / "out" / "s1" / "x.stats").read_bytes() == b"s1/x.stats\n" * 100
     assert not any(pub.MANIFEST_NAME in o["Key"]
                    for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+
+def test_any_s3_client_publishes_with_a_manifest(mounts, proxy, bucket, s3):  # noqa: F811
+    """docs/API.md's example: objects with the batch's metadata, then the manifest."""
+    import time
+    reader = mount_through(mounts, proxy, bucket)
+    batch = pub.new_batch(time.time())
+    items = []
+    for name in ("s1.bam", "s1.bam.bai"):
+        r = s3.put_object(Bucket=bucket, Key=f"out/s1/{name}", Body=name.encode(),
+                          Metadata={pub.BATCH_FIELD: batch})
+        items.append((f"out/s1/{name}", r["ETag"].strip('"')))
+    put(s3, bucket, "out/s-marker", b"m")  # after the batch's objects: the reader is past them
+    wait_until(lambda: "s-marker" in (listdir(reader / "out") or []), TIMEOUT, "the marker shown")
+    assert "s1" not in listdir(reader / "out")
+    manifest = pub.manifest_key("out/", batch)
+    s3.put_object(Bucket=bucket, Key=manifest, Body=b"", Metadata=pub.manifest_metadata(batch, items))
+    s3.delete_object(Bucket=bucket, Key=manifest)
+    wait_until(lambda: listdir(reader / "out" / "s1") == ["s1.bam", "s1.bam.bai"], TIMEOUT,
+               "both shown once the manifest is in")
