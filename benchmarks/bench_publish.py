@@ -41,10 +41,14 @@ class Watch:
 
     def __init__(self, view_dir: Path, env: dict):
         self.proc = subprocess.Popen([DELVEFS, "watch", str(view_dir)], env=env,
-                                     stdout=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.seen: dict[str, float] = {}
         self.lock = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
+        line = self.proc.stderr.readline()  # "delvefs watch: watching ...": following the stream
+        if "watching" not in line:
+            raise RuntimeError(f"delvefs watch: {line}")
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -161,8 +165,8 @@ def main(argv=None) -> int:
             mps.append(writer)
             reader = mount(env, work, "reader")
             mps.append(reader)
-            watch = Watch(reader / "out", env)
             time.sleep(2)  # the mounts' boto3 clients are made after they are ready
+            watch = Watch(reader / "out", env)
             for r in range(args.rounds):
                 for kind in (("directory", "separate") if r % 2 == 0 else ("separate", "directory")):
                     row = one_round(kind, r, writer / "out", reader / "out", watch, args.files,

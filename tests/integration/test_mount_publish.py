@@ -156,3 +156,19 @@ def test_any_s3_client_publishes_with_a_manifest(mounts, proxy, bucket, s3):  # 
     s3.delete_object(Bucket=bucket, Key=manifest)
     wait_until(lambda: listdir(reader / "out" / "s1") == ["s1.bam", "s1.bam.bai"], TIMEOUT,
                "both shown once the manifest is in")
+
+
+def test_a_directory_of_objects_renamed_is_copied_with_its_batch(mounts, proxy, bucket, s3):  # noqa: F811
+    """Objects already in S3 move by CopyObject, with the batch's metadata added to theirs."""
+    for f in FILES:
+        s3.put_object(Bucket=bucket, Key=f"out/s5/{f}", Body=f.encode(), Metadata={"sample": "s5"})
+    writer = mount_through(mounts, proxy, bucket)
+    reader = mount_through(mounts, proxy, bucket)
+    wait_until(lambda: listdir(writer / "out" / "s5") == sorted(FILES), TIMEOUT, "s5 listed")
+    os.rename(writer / "out" / "s5", writer / "out" / "s6")
+    wait_until(lambda: listdir(reader / "out") == ["s6"] and listdir(reader / "out" / "s6") == sorted(FILES),
+               TIMEOUT, "s6 shown whole, s5 gone")
+    heads = [s3.head_object(Bucket=bucket, Key=f"out/s6/{f}") for f in FILES]
+    assert len({h["Metadata"][pub.BATCH_FIELD] for h in heads}) == 1
+    assert all(h["Metadata"]["sample"] == "s5" for h in heads)  # their own metadata stays
+    assert (reader / "out" / "s6" / "x.stats").read_bytes() == b"x.stats"
