@@ -31,9 +31,15 @@ from delvefs.devtools.localservices import LocalServices
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .bench_mount import BASE, DELVEFS, RESULTS, log
-from .bench_mount_write import clear_bucket
 
 BUCKET = "bench-publish"
+
+
+def clear_bucket(client) -> None:
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if objs:
+            client.delete_objects(Bucket=BUCKET, Delete={"Objects": objs})
 
 
 class Watch:
