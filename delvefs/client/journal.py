@@ -52,20 +52,10 @@ class Journal:
 
     def read(self) -> list[dict]:
         """The usable records, oldest first (unusable ones are dropped)."""
-        records = []
-        for p in sorted(self.dir.iterdir(), key=lambda p: p.stat().st_mtime_ns):
-            if not p.name.endswith(".json"):
-                p.unlink()  # a record being written when the mount died
-                continue
-            try:
-                r = json.loads(p.read_text())
-                if not (self.data_dir / r["file"]).is_file():
-                    raise ValueError("data file missing")
-                records.append(r)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("journal record %s unusable (%s): dropped", p.name, exc)
-                p.unlink()
-        return records
+        def usable(r: dict) -> None:
+            if not (self.data_dir / r["file"]).is_file():
+                raise ValueError("data file missing")
+        return _read_records(self.dir, usable, "journal")
 
     def write(self, record: dict) -> None:
         """Put a dirty file's record on disk. Raises StoreError (the cache disk refused)."""
@@ -136,19 +126,9 @@ class PublishJournal:
 
     def read(self) -> list[dict]:
         """The records, oldest first (unusable ones are dropped with a warning)."""
-        records = []
-        for p in sorted(self.dir.iterdir(), key=lambda p: p.stat().st_mtime_ns):
-            if not p.name.endswith(".json"):
-                p.unlink()
-                continue
-            try:
-                r = json.loads(p.read_text())
-                r["batch"], r["bucket"], r["moves"]  # noqa: B018 — the fields it must have
-                records.append(r)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("publish record %s unusable (%s): dropped", p.name, exc)
-                p.unlink()
-        return records
+        def usable(r: dict) -> None:
+            r["batch"], r["bucket"], r["moves"], r["manifest"]  # noqa: B018 — the fields it must have
+        return _read_records(self.dir, usable, "publish")
 
     def write(self, record: dict) -> None:
         """Blocking. Raises StoreError (the cache disk refused)."""
@@ -164,6 +144,25 @@ class PublishJournal:
     def remove(self, record: dict) -> None:
         """Blocking."""
         _unlink(self.dir / (record["batch"] + ".json"))
+
+
+def _read_records(directory: Path, usable, what: str) -> list[dict]:
+    """The JSON records of ``directory``, oldest first. A record ``usable(record)`` refuses
+    (ValueError, KeyError, TypeError) or that cannot be parsed is dropped with a warning; a
+    ``.tmp`` left by a mount that died while writing one is removed."""
+    records = []
+    for p in sorted(directory.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+        if not p.name.endswith(".json"):
+            p.unlink()  # a record being written when the mount died
+            continue
+        try:
+            r = json.loads(p.read_text())
+            usable(r)
+            records.append(r)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s record %s unusable (%s): dropped", what, p.name, exc)
+            p.unlink()
+    return records
 
 
 def _unlink(path: str | os.PathLike) -> None:
