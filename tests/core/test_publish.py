@@ -117,3 +117,25 @@ async def test_a_batch_recorded_before_its_moves_is_moved_and_published_at_the_n
     assert sorted(k for _, k in w2.store.objects) == ["data/s1/a", "data/s1/b"]
     (manifest,) = w2.store.manifests
     assert_manifest_names(w2, manifest, objects)
+
+
+async def test_a_dead_mounts_publish_record_is_taken_over_by_a_mount_of_its_views_file(tmp_path):
+    import json
+    import os
+
+    from delvefs.client import journal
+    views = tmp_path / "views.yaml"
+    views.write_text("v: {bucket: b}\n")
+    dead = tmp_path / "mounts" / "dead"
+    os.close(journal.claim(dead, str(views)))  # its mount is gone: the lock is free
+    journal.PublishJournal(dead / journal.PUBLISH).write(
+        {"batch": pub.new_batch(0), "bucket": "b", "manifest": "m", "moves": []})
+    here = tmp_path / "mounts" / "here"
+    fd = journal.claim(here, str(views))
+    try:
+        assert journal.adopt_orphans(here, tmp_path / "mounts", str(views)) == [str(dead)]
+    finally:
+        os.close(fd)
+    (record,) = journal.PublishJournal(here / journal.PUBLISH).read()
+    assert record["bucket"] == "b" and not list((dead / journal.PUBLISH).iterdir())
+    assert json.loads((here / journal.OWNER).read_text())["views"] == str(views.resolve())
