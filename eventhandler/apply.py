@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 
-from .events import REMOVE, TAGGING, Event
-from .records import (DELETED, OBJ_EVER, OBJ_FLAGS, OBJ_LV, OBJ_META, OBJ_SEQ, OBJ_SLOTS,
+from delvefs.shared.publish import BATCH_FIELD, manifest_batch
+
+from .events import CREATE, REMOVE, TAGGING, Event
+from .records import (DELETED, HELD, OBJ_EVER, OBJ_FLAGS, OBJ_LV, OBJ_META, OBJ_SEQ, OBJ_SLOTS,
                       OBJ_TAGS, TAGS_PENDING, UNSETTLED, bits_of, bits_union, change_prefix,
                       k_bucket, k_held, k_member, k_obj, k_tagwait, listed_fields_differ,
                       listed_properties, member_properties, new_version, object_info,
@@ -42,6 +44,8 @@ class EventApplier:
         work: dict = {}
         dropped = stale = 0
         applied_seqs = []
+        holds = manifests = None  # atomic publish (publish.py): rare, so made when needed
+        now = time.time()
         for ev in events:
             bs = buckets.get(ev.bucket)
             if bs is None:
@@ -53,6 +57,13 @@ class EventApplier:
                 bs.held += 1
                 held.put(k_held(ev.bucket, bs.held), pack_held(ev))
                 nheld += 1
+                continue
+            batch = manifest_batch(ev.key)
+            if batch is not None:  # a publish manifest: no object of any view
+                if ev.kind == CREATE:
+                    if manifests is None:
+                        manifests = []
+                    manifests.append((ev, batch))
                 continue
             k = (ev.bucket, ev.key)
             w = work.get(k)
@@ -78,6 +89,13 @@ class EventApplier:
                     continue
             else:  # a newer version (a create, or tagging of a version we never saw)
                 w[1] = new_version(cur, seq, ev.size, ev.mtime, ev.etag, None, ev.metadata, 0)
+                if kind == CREATE and BATCH_FIELD in ev.metadata:
+                    batch = self._hold_batch(ev.bucket, ev.metadata, now)
+                    if batch is not None:
+                        w[1][OBJ_FLAGS] = HELD
+                        if holds is None:
+                            holds = []
+                        holds.append((ev.bucket, batch, ev.key, seq, ev.etag))
             if kind != TAGGING:
                 applied_seqs.append(seq)
         if held is not None:
@@ -87,11 +105,19 @@ class EventApplier:
             m.dropped.inc(dropped)
         if stale:
             m.stale.inc(stale)
+        batches = ()
+        if holds or manifests:
+            batches, batch_writes = self._batch_writes(holds or (), manifests or (), now)
+            if extra is not None:
+                batch_writes = _both(extra, batch_writes)
+            extra = batch_writes
         if work or extra:
             self._finalize(work, extra=extra)
             m.processed.inc(len(events) - dropped - nheld)
             now = time.time()
             m.latency.observe_many([now - s / 1e9 for s in applied_seqs if 10**18 <= s <= 4 * 10**18])
+        if batches:
+            self._commit_batches(batches)
 
     def _finalize(self, work: dict, log_changes: bool = True, now: float | None = None,
                   extra=None) -> None:
@@ -121,10 +147,13 @@ class EventApplier:
         objs = []
         partial = []
         partial_objs = []
+        held = []
         for i, (bk, _old, new) in enumerate(todo):
             flags = new[OBJ_FLAGS]
             if flags & DELETED:
                 continue
+            if flags & HELD:  # its tags are fetched if a view needs them, it is not matched
+                held.append(i)
             if bk[0] in tag_buckets and (new[OBJ_TAGS] is None or new[OBJ_META] is None):
                 if new[OBJ_META] is None and bk[0] in meta_buckets:
                     new[OBJ_FLAGS] = flags | TAGS_PENDING
@@ -135,6 +164,8 @@ class EventApplier:
                     continue
             if flags & TAGS_PENDING:
                 new[OBJ_FLAGS] = flags & ~TAGS_PENDING
+            if flags & HELD:
+                continue
             to_match.append(i)
             objs.append(object_info(bk[0], bk[1], new))
         results = dict(zip(to_match, matcher.match_batch(objs, now))) if objs else {}
@@ -146,6 +177,8 @@ class EventApplier:
                 else:  # the tags cannot change the answer: leave them unknown
                     new[OBJ_FLAGS] &= ~TAGS_PENDING
                     results[i] = definite
+        for i in held:
+            results.pop(i, None)
         layout_buckets = self.layout_buckets
         if layout_buckets:  # members of views listing property values: tags and metadata first
             listing = matcher.listing_properties
@@ -166,7 +199,7 @@ class EventApplier:
         for i, ((bucket, key), old, new) in enumerate(todo):
             flags = new[OBJ_FLAGS]
             old_slots = old[OBJ_SLOTS] if old is not None else b""
-            if flags & DELETED:
+            if flags & (DELETED | HELD):
                 slots = b""
             elif flags & TAGS_PENDING:
                 slots = old_slots
@@ -283,3 +316,11 @@ class EventApplier:
         else:
             old_props = listed_properties(old, names)
         return props, props != old_props
+
+
+def _both(first, second):
+    """One ``extra(wb)`` doing both."""
+    def both(wb):
+        first(wb)
+        second(wb)
+    return both

@@ -3,7 +3,8 @@ tag fetches, time flips and reconciles — everything that writes LevelDB.
 
 ``Engine`` is composed of rooms, one per concern, each a mixin over the state built here:
 apply.py (the event path and ``_finalize``, which every writer commits through), scans.py
-(first scans, reconciles, rematches, compaction), jobs.py (tag fetches, time flips). This
+(first scans, reconciles, rematches, compaction), jobs.py (tag fetches, time flips),
+publish.py (batches of an atomic directory publish: held, released, dropped). This
 module holds construction, plumbing, view registration and the reads of the HTTP API.
 Records are built and parsed by records.py; S3 is read through the ``BucketReader`` given
 by the composition root (main.py).
@@ -33,7 +34,7 @@ Concurrency rules
 Threads owned here: ``delvefs-s3`` pool (HeadObject/GetObjectTagging, bounded), ``delvefs-job``
 pool (scans, rematches, reconciles), ``tag-apply`` (drains tag results in batches),
 ``flips`` (re-evaluates time-relative views when an answer can flip), ``reconcile``
-(periodic re-listing).
+(periodic re-listing), ``publish`` (drops publish batches past their deadline).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ from . import records as r
 from . import statedb as st
 from .apply import EventApplier
 from .jobs import FlipScheduler, TagFetcher
+from .publish import DEFAULT_PUBLISH_TIMEOUT, BatchPublisher
 from .scans import Scanner
 from .tracking import (READY, SCANNING, BucketState, ViewInfo, bucket_base_version,
                        bucket_glob_message, bucket_is_glob)
@@ -62,14 +64,14 @@ CLEAR_CHUNK = 1000  # records per lock hold when a forgotten view's slot is clea
 FREED = View(name="(no view)", bucket="/")
 
 
-class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
+class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler, BatchPublisher):
     """``s3``: what the engine reads from S3 (``delvefs.shared.s3.BucketReader``: listings,
     tags, user metadata, the store's clock); only the worker pools call it."""
 
     def __init__(self, store: st.Store, metrics, s3, *,
                  s3_workers: int = 16, job_workers: int = 2, reconcile_interval: float = 0.0,
                  tombstone_horizon: float = 86400.0, view_ttl: float = DEFAULT_VIEW_TTL,
-                 on_storage_error=None):
+                 publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT, on_storage_error=None):
         self.store = store
         # called (any thread) with a reason when LevelDB cannot be written: the process stops
         self.on_storage_error = on_storage_error or (lambda reason: None)
@@ -82,6 +84,7 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
         self.scan_retry = 1.0  # first delay before a failed first scan is tried again
         self.tombstone_horizon = tombstone_horizon
         self.view_ttl = view_ttl  # views no mount used this long are forgotten (0: never)
+        self.publish_timeout = publish_timeout  # a published batch is shown by then at the latest
         self.started = time.time()
         self._listeners = []
         # called with the buckets whose first scans are about to begin (a shard binds its queue
@@ -134,6 +137,7 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
                                              rec["scanned"], rec["purged"])
             self.buckets[name].held = store.last_held(name)
             self.buckets[name].groups = frozenset(store.member_groups(name))
+        self._load_batches()
         self._recompile()
 
     # ---- plumbing ------------------------------------------------------------------
@@ -189,7 +193,7 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler):
     def start(self) -> None:
         """Start the background threads and resume unfinished work (scans, rematches, tags)."""
         for name, target in (("tag-apply", self._tag_apply_loop), ("flips", self._flip_loop),
-                             ("reconcile", self._reconcile_loop)):
+                             ("reconcile", self._reconcile_loop), ("publish", self._publish_loop)):
             t = threading.Thread(target=target, name=f"delvefs-{name}", daemon=True)
             t.start()
             self._threads.append(t)

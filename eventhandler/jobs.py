@@ -117,6 +117,8 @@ class TagFetcher:
                 else:
                     work[k] = [rec, new]
             self._finalize(work)
+            # held objects of a publish batch: the batch may wait for their tags only
+            self._commit_batches(self._held_batches(work))
 
     def _retry_failed_tags(self, bucket: str) -> int:
         """Fetch again the pending tags of ``bucket`` whose last fetch failed (or that no

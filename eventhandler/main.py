@@ -33,6 +33,8 @@ Environment (besides config.py's): ``DELVEFS_RECONCILE_INTERVAL`` (seconds; defa
 0 = never; each reconcile also compacts), ``DELVEFS_TOMBSTONE_HORIZON`` (seconds a removed
 key's tombstone is kept; default 86400), ``DELVEFS_VIEW_TTL`` (seconds, or ``--view-ttl``: views
 no mount used this long are forgotten; default 604800 = 7 days, 0 = never),
+``DELVEFS_PUBLISH_TIMEOUT`` (seconds after which the objects of a published directory whose
+manifest never came are shown as they are; default 3600, eventhandler/publish.py),
 ``DELVEFS_AMQP_QUEUE`` (queue name; default ``<exchange>.handler``), ``DELVEFS_LOG_LEVEL``
 (default INFO; ``--log-level``, ``--debug`` and ``--log-file`` win); ``DELVEFS_SHARD`` (or
 ``--shard``: this handler is that shard of the map in ``--shard-map`` / $DELVEFS_HANDLER_URL,
@@ -99,6 +101,7 @@ def run(args) -> int:
     from .engine import DEFAULT_VIEW_TTL, Engine
     from .groups import Groups
     from .metrics import Metrics
+    from .publish import DEFAULT_PUBLISH_TIMEOUT
     from .standby import StateLock, stand_by
     from .statedb import Store
 
@@ -127,6 +130,7 @@ def run(args) -> int:
     horizon = float(os.environ.get("DELVEFS_TOMBSTONE_HORIZON", "86400"))
     view_ttl = getattr(args, "view_ttl", None)
     view_ttl = float(os.environ.get("DELVEFS_VIEW_TTL", DEFAULT_VIEW_TTL)) if view_ttl is None else view_ttl
+    publish_timeout = float(os.environ.get("DELVEFS_PUBLISH_TIMEOUT", DEFAULT_PUBLISH_TIMEOUT))
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     with contextlib.ExitStack() as stack:
@@ -164,7 +168,8 @@ def run(args) -> int:
         # tags and metadata without botocore when the keys are static (as a mount's)
         reader = BucketReader.from_settings(config.S3Settings.from_env())
         engine = Engine(store, metrics, reader, reconcile_interval=interval,
-                        tombstone_horizon=horizon, view_ttl=view_ttl, on_storage_error=stop_for)
+                        tombstone_horizon=horizon, view_ttl=view_ttl,
+                        publish_timeout=publish_timeout, on_storage_error=stop_for)
         stack.callback(engine.close)
         engine.start()
         sqs_queue = config.sqs_queue(getattr(args, "sqs_queue", None))

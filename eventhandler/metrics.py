@@ -74,6 +74,11 @@ class Metrics:
         self.tag_fetches = Counter("delvefs_tag_fetches", "GetObjectTagging requests", registry=r)
         self.flips = Counter("delvefs_time_flips", "objects re-evaluated because time passed", registry=r)
         self.repaired = Counter("delvefs_reconcile_repairs", "objects repaired by reconcile", registry=r)
+        self.publish_committed = Counter("delvefs_publish_batches_committed",
+                                         "published directories shown whole", registry=r)
+        self.publish_expired = Counter("delvefs_publish_batches_expired",
+                                       "published directories shown incomplete at the publish timeout",
+                                       registry=r)
         # what `GET /v1/status` reports beyond the counters
         self.dead_letters = DeadLetters(self.dead)
         self.newest_event = 0.0  # epoch s: the time of the newest event applied (0: none yet)

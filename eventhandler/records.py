@@ -49,6 +49,12 @@ key                    value                                                    
                         one file of a group: pending, in flight (held by member     (groups)
                         until epoch ``until``), done or failed (set aside after
                         ``max_failures`` attempts)
+``P`` bucket\\0 batch   {"deadline", "count", "digest", "committed"}: a batch of    batches,
+                        an atomic directory publish (delvefs/shared/publish.py):    publish
+                        its manifest's count and digest once it arrived (None
+                        before), whether it was shown; removed at its deadline
+``H`` bucket\\0 batch   [seq, etag]: an object held back for the batch (its record   batches,
+  \\0 key              has ``HELD``) until the batch commits or its deadline       publish
 =====================  ==========================================================  ==========
 
 Invariants (each WriteBatch keeps them, so they hold after any crash):
@@ -95,6 +101,11 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
   of the view after the cursor is in no ``W`` record yet and every file up to it is in one
   (or was deleted); ``done`` counts the files the group finished. A group
   name is 1-64 of ``[A-Za-z0-9._-]`` (no NUL: it ends at the ``\\0`` before the key).
+- A record with ``HELD`` (an object of a published batch whose manifest, or some other
+  object of it, has not arrived) is in no view: ``slots`` is b"", as for a tombstone,
+  and it is not matched; its ``H`` entry names it. The batch's release clears ``HELD`` of
+  all its records in one WriteBatch (one commit: a client sees all or none of them) and
+  deletes their ``H`` entries; so does its deadline, for whatever is held then.
 - ``E`` records exist only for buckets in state "scanning"; each is written before the
   AMQP ack of its message and deleted in the WriteBatch that applies it (so memory stays
   bounded however long a scan takes, and a crash loses none of them).
@@ -122,7 +133,8 @@ SCHEMA_KEY = b"Sschema"
 OBJ_SEQ, OBJ_SIZE, OBJ_MTIME, OBJ_ETAG, OBJ_TAGS, OBJ_META, OBJ_SLOTS, OBJ_EVER, OBJ_LV, OBJ_FLAGS = range(10)
 DELETED = 1
 TAGS_PENDING = 2
-UNSETTLED = DELETED | TAGS_PENDING  # not matched against the views: removed, or tags owed
+HELD = 4  # an object of a published batch not committed yet: in no view
+UNSETTLED = DELETED | TAGS_PENDING | HELD  # not matched against the views now
 
 # change entry fields
 CH_KEY, CH_DELETED, CH_SLOTS, CH_EVER, CH_SIZE, CH_MTIME, CH_ETAG, CH_PROPS = range(8)
@@ -539,3 +551,51 @@ def pack_group(fields: dict) -> bytes:
 def pack_work(state: str, attempts: int, member: str | None, until: float, version: int,
               props: dict | None, error: str | None) -> bytes:
     return packb([state, attempts, member, until, version, props, error])
+
+
+# ---- atomic publish: batches (``P``) and the objects held for them (``H``) -------------------
+
+BATCH_PREFIX = b"P"
+HELD_MEMBER_PREFIX = b"H"
+
+
+def k_batch(bucket: str, batch: str) -> bytes:
+    return BATCH_PREFIX + bucket.encode() + b"\0" + batch.encode()
+
+
+def split_batch_key(k: bytes) -> tuple[str, str]:
+    """(bucket, batch) of a ``P`` key."""
+    b, _, batch = k[1:].partition(b"\0")
+    return b.decode(), batch.decode()
+
+
+def pack_batch(deadline: float, count: int | None = None, digest: str | None = None,
+               committed: bool = False) -> bytes:
+    return packb({"deadline": deadline, "count": count, "digest": digest, "committed": committed})
+
+
+def held_member_prefix(bucket: str, batch: str) -> bytes:
+    return HELD_MEMBER_PREFIX + bucket.encode() + b"\0" + batch.encode() + b"\0"
+
+
+def k_held_member(bucket: str, batch: str, key: str) -> bytes:
+    return held_member_prefix(bucket, batch) + key.encode()
+
+
+def pack_held_member(seq: int, etag: str) -> bytes:
+    return packb([seq, etag])
+
+
+def is_held(rec) -> bool:
+    return bool(rec[OBJ_FLAGS] & HELD)
+
+
+def etag_of(rec) -> str:
+    return rec[OBJ_ETAG]
+
+
+def released(rec) -> list:
+    """A copy of a held record, no longer held (``_finalize`` matches it)."""
+    new = list(rec)
+    new[OBJ_FLAGS] &= ~HELD
+    return new

@@ -14,6 +14,8 @@ import os
 import time
 from email.utils import parsedate_to_datetime
 
+from delvefs.shared.publish import manifest_batch
+
 from . import records as r
 from . import statedb as st
 from .tracking import READY, SCANNING
@@ -33,9 +35,11 @@ def _http_date_ns(value: str | None) -> int:
 
 def _listed(contents) -> dict:
     """{key: (seq, size, mtime, etag)} of a listing page; seq as a create event's sequencer
-    of the same version would be (its ModTime in ns)."""
+    of the same version would be (its ModTime in ns). Publish manifests are no objects."""
     listed = {}
     for o in contents:
+        if manifest_batch(o["Key"]) is not None:
+            continue
         modified = o["LastModified"].timestamp()
         listed[o["Key"]] = (int(modified * 1e6) * 1000, o["Size"], modified, o["ETag"].strip('"'))
     return listed

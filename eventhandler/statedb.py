@@ -177,6 +177,17 @@ class Store:
     def load_buckets(self) -> dict[str, dict]:
         return {r.bucket_of_key(k): r.unpack_bucket(v) for k, v in self.db.iterator(prefix=r.BUCKET_PREFIX)}
 
+    def load_batches(self) -> dict[tuple[str, str], dict]:
+        """{(bucket, batch): record} of the published batches not past their deadline's sweep."""
+        return {r.split_batch_key(k): r.unpackb(v) for k, v in self.db.iterator(prefix=r.BATCH_PREFIX)}
+
+    def held_members(self, bucket: str, batch: str) -> list[tuple[str, list]]:
+        """(key, [seq, etag]) of the objects held for a batch, in key order."""
+        prefix = r.held_member_prefix(bucket, batch)
+        n = len(prefix)
+        with self.db.iterator(prefix=prefix) as it:
+            return [(k[n:].decode(), r.unpackb(v)) for k, v in it]
+
     def has_pending_tags(self, bucket: str) -> bool:
         with self.db.iterator(prefix=r.tagwait_prefix(bucket.encode()), include_value=False) as it:
             return next(it, None) is not None

@@ -75,7 +75,7 @@ import trio
 from .cachebound import CacheBound
 from .cacheentry import CacheEntry, Fetch
 from .errors import Changed, StopGet, StoreError, cache_file_error
-from .journal import Journal
+from .journal import PUBLISH, Journal, PublishJournal
 from .ranges import RangeSet, blocks
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class DataCache:
         self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(Path(directory) / "journal", self.dir)
+        self.publishes = PublishJournal(Path(directory) / PUBLISH)
         records = self.journal.read()
         # a sparse dirty file's ranges log (delvefs.client.fs.dirty) stays with its record
         keep = {r["file"] for r in records} | {r["file"] + ".ranges" for r in records}

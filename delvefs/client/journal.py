@@ -52,20 +52,10 @@ class Journal:
 
     def read(self) -> list[dict]:
         """The usable records, oldest first (unusable ones are dropped)."""
-        records = []
-        for p in sorted(self.dir.iterdir(), key=lambda p: p.stat().st_mtime_ns):
-            if not p.name.endswith(".json"):
-                p.unlink()  # a record being written when the mount died
-                continue
-            try:
-                r = json.loads(p.read_text())
-                if not (self.data_dir / r["file"]).is_file():
-                    raise ValueError("data file missing")
-                records.append(r)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("journal record %s unusable (%s): dropped", p.name, exc)
-                p.unlink()
-        return records
+        def usable(r: dict) -> None:
+            if not (self.data_dir / r["file"]).is_file():
+                raise ValueError("data file missing")
+        return _read_records(self.dir, usable, "journal")
 
     def write(self, record: dict) -> None:
         """Put a dirty file's record on disk. Raises StoreError (the cache disk refused)."""
@@ -123,6 +113,58 @@ class Journal:
             self.remove_doomed()
 
 
+class PublishJournal:
+    """Directory publishes under way (``<cache-dir>/publish/<batch>.json``): written before
+    the first object of a renamed directory is copied or uploaded, removed once its manifest
+    is written (delvefs.client.fs.publish). A mount finishes the ones an earlier mount left
+    (after a crash: the objects are in S3, held back from every view, until the manifest).
+    Written with tmp + rename, like the dirty files' records."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def read(self) -> list[dict]:
+        """The records, oldest first (unusable ones are dropped with a warning)."""
+        def usable(r: dict) -> None:
+            r["batch"], r["bucket"], r["moves"], r["manifest"]  # noqa: B018 — the fields it must have
+        return _read_records(self.dir, usable, "publish")
+
+    def write(self, record: dict) -> None:
+        """Blocking. Raises StoreError (the cache disk refused)."""
+        final = self.dir / (record["batch"] + ".json")
+        tmp = final.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, final)
+        except OSError as exc:
+            _unlink(tmp)
+            raise cache_file_error(exc, f"publish record of {record['bucket']}/{record['manifest']}") from exc
+
+    def remove(self, record: dict) -> None:
+        """Blocking."""
+        _unlink(self.dir / (record["batch"] + ".json"))
+
+
+def _read_records(directory: Path, usable, what: str) -> list[dict]:
+    """The JSON records of ``directory``, oldest first. A record ``usable(record)`` refuses
+    (ValueError, KeyError, TypeError) or that cannot be parsed is dropped with a warning; a
+    ``.tmp`` left by a mount that died while writing one is removed."""
+    records = []
+    for p in sorted(directory.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+        if not p.name.endswith(".json"):
+            p.unlink()  # a record being written when the mount died
+            continue
+        try:
+            r = json.loads(p.read_text())
+            usable(r)
+            records.append(r)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s record %s unusable (%s): dropped", what, p.name, exc)
+            p.unlink()
+    return records
+
+
 def _unlink(path: str | os.PathLike) -> None:
     try:
         os.unlink(path)
@@ -135,6 +177,7 @@ def _unlink(path: str | os.PathLike) -> None:
 
 LOCK = "lock"
 OWNER = "owner.json"
+PUBLISH = "publish"  # the PublishJournal's directory in a cache directory
 
 
 def claim(directory: str | os.PathLike, views_file: str | None) -> int:
@@ -175,7 +218,8 @@ def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
     for d in sorted(Path(others).iterdir()):
         journal = d / "journal"
         try:
-            if d.resolve() == here or not journal.is_dir() or not any(journal.iterdir()):
+            if d.resolve() == here or not any(
+                    x.is_dir() and any(x.iterdir()) for x in (journal, d / PUBLISH)):
                 continue
             if json.loads((d / OWNER).read_text()) != want:
                 continue
@@ -190,7 +234,7 @@ def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
             (here / "journal").mkdir(parents=True, exist_ok=True)
             (here / "data").mkdir(parents=True, exist_ok=True)
             moved = 0
-            for p in sorted(journal.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+            for p in sorted(journal.iterdir() if journal.is_dir() else (), key=lambda p: p.stat().st_mtime_ns):
                 if not p.name.endswith(".json"):
                     continue
                 try:
@@ -205,6 +249,15 @@ def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
                     moved += 1
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     log.warning("journal record %s of %s not taken over: %s", p.name, d, exc)
+            publish = d / PUBLISH
+            for p in sorted(publish.iterdir()) if publish.is_dir() else ():
+                if p.name.endswith(".json"):  # a publish under way: finished by this mount
+                    try:
+                        (here / PUBLISH).mkdir(parents=True, exist_ok=True)
+                        os.rename(p, here / PUBLISH / p.name)
+                        moved += 1
+                    except OSError as exc:
+                        log.warning("publish record %s of %s not taken over: %s", p.name, d, exc)
             if moved:
                 log.info("took over %d dirty files from the journal of %s (an earlier mount of "
                          "%s)", moved, d, want["views"])

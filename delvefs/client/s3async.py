@@ -15,6 +15,7 @@ import errno
 import functools
 import hashlib
 import logging
+import mimetypes
 import threading
 import time
 
@@ -129,12 +130,13 @@ class S3Store:
 
     async def upload(self, bucket: str, key: str, filename: str, *, size: int,
                      tags: dict[str, str] | None, content_type: str | None,
-                     base: str | None = None) -> dict:
+                     base: str | None = None, metadata: dict[str, str] | None = None) -> dict:
         """Upload the whole file as ``bucket/key``: one PutObject below the part size, a
         multipart upload (``part_concurrency`` parts at a time) above. Conditional on
         ``base``, the version the file was based on: its ETag (If-Match), "" (the object
         must not exist: If-None-Match: *) or None (unconditional). A failed condition
-        raises :class:`Changed`. Returns ``{"etag", "size", "mtime"}``."""
+        raises :class:`Changed`. ``metadata``: the object's user metadata. Returns
+        ``{"etag", "size", "mtime"}``."""
         what = f"PUT {bucket}/{key}"
         log.debug("S3 %s: %d bytes, based on %r", what, size, base)
         started = time.monotonic()
@@ -143,7 +145,7 @@ class S3Store:
                 try:
                     etag = await self._conditional(what, base, self._call(
                         what, s3.put_file, LEAN, bucket, key, filename, tags=tags,
-                        content_type=content_type, base=base))
+                        content_type=content_type, base=base, metadata=metadata))
                 except Changed:
                     # a try whose answer was lost may have written it, and the next one found
                     # its own object: that is no conflict (a PUT's ETag is its MD5)
@@ -152,7 +154,7 @@ class S3Store:
                             return hashlib.md5(f.read()).hexdigest()
                     etag = await self._landed(bucket, key, size, await trio.to_thread.run_sync(md5))
                 return {"etag": etag, "size": size, "mtime": None}
-            mp = self.multipart(bucket, key, tags=tags, content_type=content_type)
+            mp = self.multipart(bucket, key, tags=tags, content_type=content_type, metadata=metadata)
             try:
                 async with trio.open_nursery() as nursery:
                     for number, start in enumerate(range(0, size, self.part_size), 1):
@@ -194,8 +196,14 @@ class S3Store:
             raise
 
     def multipart(self, bucket: str, key: str, *, tags: dict[str, str] | None,
-                  content_type: str | None) -> "Multipart":
-        return Multipart(self, bucket, key, tags, content_type)
+                  content_type: str | None, metadata: dict[str, str] | None = None) -> "Multipart":
+        return Multipart(self, bucket, key, tags, content_type, metadata)
+
+    async def put_small(self, bucket: str, key: str, body: bytes, *,
+                        metadata: dict[str, str]) -> str:
+        """One unconditional PutObject of a small ``body`` with user ``metadata``; its ETag."""
+        return await self._call(f"PUT {bucket}/{key}", s3.put_bytes, LEAN, bucket, key, body,
+                                content_type="application/json", metadata=metadata)
 
     async def delete_many(self, bucket: str, keys: list[str]) -> dict[str, StoreError]:
         """DeleteObjects of up to 1,000 keys; the StoreError of each key not deleted (all of
@@ -210,14 +218,23 @@ class S3Store:
                 for k, code in failed.items()}
 
     async def copy(self, bucket: str, key: str, src_bucket: str, src_key: str, *,
-                   src_etag: str | None = None) -> dict:
-        """Server-side copy (tags and metadata carried over); the new object's HEAD. With
-        ``src_etag``: only of that version of the source (else :class:`Changed`)."""
+                   src_etag: str | None = None,
+                   metadata: dict[str, str] | None = None) -> dict:
+        """Server-side copy (tags and metadata carried over; ``metadata`` is added to the
+        source's user metadata, the Content-Type then follows the new name); the new
+        object's HEAD. With ``src_etag``: only of that version of the source (else
+        :class:`Changed`)."""
+        merged = ctype = None
+        if metadata is not None:
+            merged = {**(await self.head(src_bucket, src_key))["metadata"], **metadata}
+            ctype = mimetypes.guess_type(key)[0] or "application/octet-stream"
+
         def copy(client):
             with self._made:
                 if self._copier is None:
                     self._copier = s3.make_copy_manager(client, threshold=self.copy_threshold)
-            s3.copy_object(self._copier, bucket, key, src_bucket, src_key, src_etag=src_etag)
+            s3.copy_object(self._copier, bucket, key, src_bucket, src_key, src_etag=src_etag,
+                           metadata=merged, content_type=ctype)
         await self._call(f"COPY {src_bucket}/{src_key} to {bucket}/{key}", copy, CLIENT)
         return await self.head(bucket, key)
 
@@ -261,9 +278,9 @@ class Multipart:
     version, as ``S3Store.upload``) or ``abort``. A part sent again replaces the earlier
     one (S3 keeps the last)."""
 
-    def __init__(self, store: S3Store, bucket: str, key: str, tags, content_type):
+    def __init__(self, store: S3Store, bucket: str, key: str, tags, content_type, metadata=None):
         self.store, self.bucket, self.key = store, bucket, key
-        self.tags, self.content_type = tags, content_type
+        self.tags, self.content_type, self.metadata = tags, content_type, metadata
         self.upload_id: str | None = None
         self.parts: dict[int, str] = {}       # number -> ETag of the part S3 has
         self.errors: list[StoreError] = []
@@ -279,7 +296,7 @@ class Multipart:
             if self.upload_id is None:
                 self.upload_id = await self.store._call(
                     self.what, s3.create_multipart, CLIENT, self.bucket, self.key,
-                    tags=self.tags, content_type=self.content_type)
+                    tags=self.tags, content_type=self.content_type, metadata=self.metadata)
         return self.upload_id
 
     def try_slot(self) -> bool:

@@ -14,7 +14,10 @@ while it works:
   they have carried ``after_bytes`` more bytes (in one direction or both); with
   ``probability`` only that share of them, drawn from a seeded random generator; with
   ``limit`` at most that many, then it passes again.
-  Connections open at the switch count from the switch on (kept-alive ones too).
+  Connections open at the switch count from the switch on (kept-alive ones too);
+* ``hold(text)`` — a request whose bytes contain ``text`` (e.g. part of its key) is logged
+  but never forwarded: its connection waits until the mode changes, then is reset (a
+  client killed meanwhile never had it carried out); everything else passes.
 
 :attr:`FaultProxy.log` holds one :class:`Request` per HTTP request seen (method, path,
 query, selected headers, the status answered or ``None`` when the connection was cut
@@ -73,6 +76,7 @@ class _Mode:
     direction: str = "both"
     probability: float | None = None
     limit: int | None = None
+    text: bytes = b""          # hold: what a held request contains
     generation: int = 0
 
 
@@ -221,6 +225,12 @@ class _Connection:
                 self.cut.set()
                 return False
             self.budget -= len(data)
+        if mode.name == "hold" and upward and mode.text in data:
+            self._observe(data, upward)
+            while not self.cut.wait(0.05) and self.proxy._mode_for(self) is mode:
+                pass
+            self.cut.set()
+            return False
         if mode.name == "slow":
             delay = mode.latency + (len(data) / mode.bandwidth if mode.bandwidth else 0.0)
             if delay and self.cut.wait(delay):
@@ -409,6 +419,13 @@ class FaultProxy:
             raise ValueError(f"direction must be both, up or down, not {direction!r}")
         self._switch(name="reset", after_bytes=after_bytes, probability=probability,
                      limit=limit, direction=direction)
+        if self._listener is None:
+            self._listen()
+
+    def hold(self, text: str) -> None:
+        """Hold every request whose bytes contain ``text`` (never forwarded; reset when the
+        mode changes); pass everything else."""
+        self._switch(name="hold", text=text.encode())
         if self._listener is None:
             self._listen()
 

@@ -191,24 +191,36 @@ def _conditions(base: str | None) -> dict:
 
 
 def put_file(client, bucket: str, key: str, filename: str, *, tags: dict[str, str] | None = None,
-             content_type: str | None = None, base: str | None = None) -> str:
+             content_type: str | None = None, base: str | None = None,
+             metadata: dict[str, str] | None = None) -> str:
     """One PutObject of the whole file (small objects), conditional on ``base`` (see
-    :func:`_conditions`); returns the ETag (no quotes)."""
+    :func:`_conditions`), with user ``metadata``; returns the ETag (no quotes)."""
+    with open(filename, "rb") as f:
+        body = f.read()  # small: bytes are cheaper for botocore than a streamed file body
+    return put_bytes(client, bucket, key, body, tags=tags, content_type=content_type, base=base,
+                     metadata=metadata)
+
+
+def put_bytes(client, bucket: str, key: str, body: bytes, *, tags: dict[str, str] | None = None,
+              content_type: str | None = None, base: str | None = None,
+              metadata: dict[str, str] | None = None) -> str:
+    """One PutObject of ``body`` (as :func:`put_file`); returns the ETag (no quotes)."""
     kw = _conditions(base)
     if tags:
         kw["Tagging"] = _tagging(tags)
     if content_type:
         kw["ContentType"] = content_type
-    with open(filename, "rb") as f:
-        body = f.read()  # small: bytes are cheaper for botocore than a streamed file body
+    if metadata:
+        kw["Metadata"] = metadata
     r = client.put_object(Bucket=bucket, Key=key, Body=body, **kw)
     return r.get("ETag", "").strip('"')
 
 
 def create_multipart(client, bucket: str, key: str, *, tags: dict[str, str] | None = None,
-                     content_type: str | None = None) -> str:
-    """Start a multipart upload (the object gets ``tags`` when it completes); its id."""
-    kw = {}
+                     content_type: str | None = None, metadata: dict[str, str] | None = None) -> str:
+    """Start a multipart upload (the object gets ``tags`` and user ``metadata`` when it
+    completes); its id."""
+    kw = {"Metadata": metadata} if metadata else {}
     if tags:
         kw["Tagging"] = _tagging(tags)
     if content_type:
@@ -273,13 +285,19 @@ def make_copy_manager(client, *, threshold: int = MAX_SINGLE_COPY, concurrency: 
 
 
 def copy_object(manager, bucket: str, key: str, src_bucket: str, src_key: str, *,
-                src_etag: str | None = None) -> None:
+                src_etag: str | None = None, metadata: dict[str, str] | None = None,
+                content_type: str | None = None) -> None:
     """Server-side copy ``src_bucket/src_key`` -> ``bucket/key`` (no data through us), with
-    the source's tags and metadata; with ``src_etag``, only of that version (else 412)."""
+    the source's tags and metadata — or, given ``metadata``, with that user metadata and
+    ``content_type`` instead; with ``src_etag``, only of that version (else 412)."""
     # CopyObject copies tags by default; s3transfer's multipart copy only when told to
     extra = {"TaggingDirective": "COPY"}
     if src_etag is not None:
         extra["CopySourceIfMatch"] = src_etag
+    if metadata is not None:
+        extra.update(MetadataDirective="REPLACE", Metadata=metadata)
+        if content_type:
+            extra["ContentType"] = content_type
     manager.copy({"Bucket": src_bucket, "Key": src_key}, bucket, key, extra_args=extra).result()
 
 

@@ -159,8 +159,8 @@ class LeanClient:
 
     def put_object(self, *, Bucket: str, Key: str, Body: bytes, Tagging: str | None = None,
                    ContentType: str | None = None, IfMatch: str | None = None,
-                   IfNoneMatch: str | None = None) -> dict:
-        extra = {}
+                   IfNoneMatch: str | None = None, Metadata: dict[str, str] | None = None) -> dict:
+        extra = {f"x-amz-meta-{k}": v for k, v in (Metadata or {}).items()}
         if ContentType:
             extra["content-type"] = ContentType
         if Tagging:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import itertools
 
 from delvefs.client.errors import Changed, StoreError
 from delvefs.client.handler_api import Resync
@@ -161,6 +160,7 @@ class FakeStore:
         self.chunk = 64 * 1024   # ranged GETs: bytes per ``write`` (a trio checkpoint each)
         self.fail_at = None      # a GET reaching this offset fails there (EIO) after the bytes before it
         self.gate = None         # a trio.Event: GETs wait for it before answering
+        self.manifests: list[dict] = []  # every publish manifest written (put_small)
 
     def put(self, bucket: str, key: str, data: bytes, *, tags=None, metadata=None, mtime=1e9) -> dict:
         etag = hashlib.md5(data).hexdigest()
@@ -213,7 +213,7 @@ class FakeStore:
     def multipart(self, bucket, key, *, tags, content_type):
         return FakeMultipart(self, bucket, key, tags, content_type)
 
-    async def upload(self, bucket, key, filename, *, size, tags, content_type, base=None):
+    async def upload(self, bucket, key, filename, *, size, tags, content_type, base=None, metadata=None):
         self.wcalls["upload"] += 1
         self._check_write(f"PUT {bucket}/{key}")
         current = self.objects.get((bucket, key))
@@ -223,23 +223,30 @@ class FakeStore:
         with open(filename, "rb") as f:
             data = f.read()
         import time
-        obj = self.put(bucket, key, data, tags=tags, mtime=time.time())
+        obj = self.put(bucket, key, data, tags=tags, metadata=metadata, mtime=time.time())
         self.objects[(bucket, key)]["content_type"] = content_type
         self.uploaded.append({"bucket": bucket, "key": key, "tags": dict(tags or {}),
                               "content_type": content_type, "data": data})
         return {"etag": obj["etag"], "size": obj["size"], "mtime": None}
 
-    async def copy(self, bucket, key, src_bucket, src_key, *, src_etag=None):
+    async def copy(self, bucket, key, src_bucket, src_key, *, src_etag=None, metadata=None):
         self.wcalls["copy"] += 1
         self._check_write(f"COPY {src_bucket}/{src_key}")
         o = self._get(src_bucket, src_key)
         if src_etag is not None and o["etag"] != src_etag:
             raise Changed(f"COPY {src_bucket}/{src_key}: 412")
-        o = dict(o, tags=dict(o["tags"]))
+        meta = dict(o["metadata"], **(metadata or {}))
+        o = dict(o, tags=dict(o["tags"]), metadata=meta)
         if self.multipart_copy_size is not None and len(o["data"]) >= self.multipart_copy_size:
             o["etag"] = hashlib.md5(o["etag"].encode()).hexdigest() + "-2"  # as a multipart copy's
         self.objects[(bucket, key)] = o
-        return {"etag": o["etag"], "size": len(o["data"]), "mtime": o["mtime"], "metadata": o["metadata"]}
+        return {"etag": o["etag"], "size": len(o["data"]), "mtime": o["mtime"], "metadata": meta}
+
+    async def put_small(self, bucket, key, body, *, metadata):
+        self.wcalls["upload"] += 1
+        self._check_write(f"PUT {bucket}/{key}")
+        self.manifests.append({"bucket": bucket, "key": key, "metadata": dict(metadata)})
+        return self.put(bucket, key, body, metadata=metadata)["etag"]
 
     async def delete(self, bucket, key):
         self.wcalls["delete"] += 1

@@ -19,7 +19,9 @@ construction (each names what it uses; arrows point at what a part calls):
                 recovery, shutdown, parts sent while written   → tree, properties, deletes
 ``writes``      create, write, flush, fsync, truncate                  → uploads, listings
 ``reads``       open for reading, read, release                                → uploads
-``namespace``   unlink, mkdir, rmdir, rename                    → uploads, deletes, listings
+``publisher``   directory renames published as one batch: records, manifests, recovery
+                                                                          → uploads, tree
+``namespace``   unlink, mkdir, rmdir, rename            → uploads, deletes, publisher, listings
 ``xattrs``      extended attributes                           → properties, uploads, listings
 ``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs       → listings
 ``handles``     open file and directory handles; ``dirty`` the dirty files and their
@@ -55,6 +57,7 @@ from .handles import Handles
 from .inodes import Dir, File, InodeTable, Node
 from .namespace import Namespace
 from .properties import Properties
+from .publish import Publisher
 from .reads import Reads
 from .tree import Tree
 from .uploads import Uploads
@@ -99,9 +102,10 @@ class FileSystem:
                              self.uploads, self.dirty, cache, store, settings)
         self.reads = Reads(self.table, self.handles, self.tree, self.uploads, self.dirty,
                            cache, store)
+        self.publisher = Publisher(store, cache, self.dirty, self.uploads, self.tree)
         self.namespace = Namespace(self.table, self.catalog, self.tree, self.listings,
-                                   self.uploads, self.deletes, self.properties, self.dirty,
-                                   cache, store, settings)
+                                   self.uploads, self.deletes, self.properties, self.publisher,
+                                   self.dirty, cache, store, settings)
         self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache,
                              getattr(handler, "base_url", None))
         self.attributes = Attributes(self.table, self.handles, self.tree, self.listings,
@@ -230,13 +234,19 @@ class FileSystem:
         self.uploads.recover()
 
     async def run_uploads(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.uploads.run_uploads(task_status=task_status)
+        """The background of the write path: uploads, DELETE batches, and the publishes
+        an earlier mount left unfinished."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.uploads.run_uploads)
+            await nursery.start(self.publisher.finish_left)
+            task_status.started()
 
     async def sync_all(self) -> list[str]:
         return await self.uploads.sync_all()
 
     async def shutdown(self) -> tuple[list[str], list[str]]:
-        return await self.uploads.shutdown()
+        failed, scratch = await self.uploads.shutdown()
+        return failed + await self.publisher.finish_all(), scratch
 
     def upload_report(self) -> list[dict]:
         return self.uploads.upload_report()

@@ -1,9 +1,11 @@
 """Names: unlink, mkdir, rmdir, rename, and which key a name in a view has.
 
-unlink = DeleteObject; rename = server-side copy + delete (a dirty file is only re-keyed;
-a directory moves object by object, not atomically). A directory made by mkdir exists in
-this mount only (the tree's ``local_dirs``) until an object lies below it; a directory whose last
-entry goes away through this mount stays, as if mkdir'ed, until rmdir.
+unlink = DeleteObject; rename = server-side copy + delete (a dirty file is only re-keyed).
+A directory moves object by object, and is *published* as one batch (``publish``): the
+handler shows subscribers all of its files in one change, once the last is in S3. A
+directory made by mkdir exists in this mount only (the tree's ``local_dirs``) until an
+object lies below it; a directory whose last entry goes away through this mount stays, as
+if mkdir'ed, until rmdir.
 """
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ import logging
 
 import trio
 
+from delvefs.shared.publish import BATCH_FIELD
+
 from ..errors import FsError, StoreError, store_failure
 from .catalog import ViewCatalog, ViewState
 from .deletes import DeleteQueue
 from .inodes import (Dir, File, InodeTable, Node, check_key, check_name, key_for, valid_segment,
                      writable_dir)
 from .properties import Properties
+from .publish import Publisher
 from .tree import Tree
 from .uploads import Uploads
 from .views import Views
@@ -30,8 +35,8 @@ class Namespace:
     """unlink, mkdir, rmdir and rename."""
 
     def __init__(self, table: InodeTable, catalog: ViewCatalog, tree: Tree, views: Views,
-                 uploads: Uploads, deletes: DeleteQueue, properties: Properties, dirty, cache,
-                 store, settings):
+                 uploads: Uploads, deletes: DeleteQueue, properties: Properties,
+                 publisher: Publisher, dirty, cache, store, settings):
         self.table = table
         self.catalog = catalog
         self.tree = tree
@@ -39,6 +44,7 @@ class Namespace:
         self.uploads = uploads
         self.deletes = deletes
         self.properties = properties
+        self.publisher = publisher
         self.dirty = dirty
         self.cache = cache
         self.store = store
@@ -191,10 +197,12 @@ class Namespace:
         self.tree.place(node, implied["values"])
 
     async def _relocate(self, node: File, dst_vs: ViewState, dk: str, target: Node | None,
-                        result: dict) -> None:
+                        result: dict, batch: str | None = None) -> None:
         """Move one file's object (server-side copy + delete) or its dirty local copy
         (re-keyed) to ``dst_vs``/``dk``; the tree is changed by the caller. ``result``
-        gets ``obj``, ``tags``, ``dirty`` (the entry, when local content moved)."""
+        gets ``obj``, ``tags``, ``dirty`` (the entry, when local content moved). ``batch``:
+        the new object is part of that publish batch (a copy or upload with its metadata;
+        a file still open for writing is not)."""
         src_vs = node.parent.view
         sb, sk, db = src_vs.bucket, node.key, dst_vs.bucket
         entry = self.cache.get(sb, sk)
@@ -220,7 +228,8 @@ class Namespace:
                     self._discard_dirty(db, dk, entry, dst_vs)
                     self.dirty.rekey(entry, db, dk)
                     self.dirty.update_record(entry, view=dst_vs.name, base=base, conflict=None,
-                                             existing=existing)
+                                             existing=existing,
+                                             batch=batch if entry.writers == 0 else None)
                     node.etag = ""
                     result["dirty"] = entry
                     return
@@ -241,7 +250,9 @@ class Namespace:
                 await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
             try:
                 await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
-                info = await self.store.copy(db, dk, sb, sk, src_etag=ce.etag if held else None)
+                info = await self.store.copy(
+                    db, dk, sb, sk, src_etag=ce.etag if held else None,
+                    metadata=None if batch is None else {BATCH_FIELD: batch})
             except StoreError as exc:
                 raise store_failure(exc, "copying (rename)", sb, sk) from exc
             try:
@@ -330,9 +341,11 @@ class Namespace:
             self.tree.local_delete(vs.bucket, key, also=vs)
 
     async def _rename_dir(self, d: Dir, dst: Dir, name: str) -> None:
-        """Every object below ``d`` is moved (copy + delete, 16 at a time): not atomic.
-        On success the directory node moves with its subtree; after a partial failure the
-        moved files show at their new place and the error is returned."""
+        """Every object below ``d`` is moved (copy + delete, 16 at a time) as one publish
+        batch (``publish``): subscribers see the directory's files all at once when the
+        manifest is written, after the last of them. On success the directory node moves
+        with its subtree; after a partial failure the moved files show at their new place
+        (published together), the others stay, and the error is returned."""
         vs = d.view
         new_prefix = dst.prefix + name + "/"
         files: list[tuple[File, str]] = []
@@ -344,6 +357,9 @@ class Namespace:
                     stack.append(c)
                 else:
                     files.append((c, check_key(new_prefix + c.key[len(d.prefix):])))
+        record = await self.publisher.begin(vs.bucket, vs.name, dst.prefix,
+                                            [(f.key, dk) for f, dk in files]) if files else None
+        batch = record["batch"] if record is not None else None
         results: list[tuple[File, str, str, dict]] = []
         errors: list[FsError] = []
         limiter = trio.CapacityLimiter(16)
@@ -353,7 +369,7 @@ class Namespace:
             sk = f.key
             async with limiter:
                 try:
-                    await self._relocate(f, vs, dk, None, r)
+                    await self._relocate(f, vs, dk, None, r, batch)
                 except FsError as exc:
                     errors.append(exc)
                     return
@@ -382,13 +398,27 @@ class Namespace:
                         log.warning("rename: %s moved to %s, not shown here", sk, dk)
                 else:
                     self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
-        for f, sk, dk, r in results:
-            e = r.get("dirty")
-            if e is not None and e.writers == 0:
+        published = [(dk, r["obj"]["etag"]) for _f, _sk, dk, r in results if "obj" in r]
+
+        async def upload(e, dk: str) -> None:
+            async with limiter:
                 try:
-                    await self.uploads.upload(e)
+                    if await self.uploads.upload(e) and e.meta is None and batch is not None:
+                        published.append((dk, e.etag))
                 except FsError as exc:
                     errors.append(exc)
+        async with trio.open_nursery() as nursery:
+            for f, sk, dk, r in results:
+                e = r.get("dirty")
+                if e is not None and e.writers == 0:
+                    nursery.start_soon(upload, e, dk)
+        if record is not None:
+            moved = [(sk, dk) for _f, sk, dk, _r in results]
+            try:
+                await self.publisher.publish(record, moved, published)
+            except StoreError as exc:
+                errors.append(store_failure(exc, "publishing (writing the manifest)", vs.bucket,
+                                            record["manifest"]))
         if errors:
             raise FsError(errors[0].errno, f"renaming {d.prefix} -> {new_prefix}: "
                           f"{len(errors)} of {len(files)} files failed: {errors[0]}", logged=True)

@@ -40,6 +40,8 @@ from typing import NoReturn
 
 import trio
 
+from delvefs.shared.publish import BATCH_FIELD
+
 from ..cacheentry import CacheEntry
 from ..errors import Changed, FsError, StoreError, store_failure
 from . import rebuild
@@ -179,8 +181,10 @@ class Uploads:
             name = os.path.basename(entry.path)
             self._uploading.add(name)
             started = time.time()
+            # a file of a directory being published (publish.py): its batch in its metadata
+            metadata = {BATCH_FIELD: meta["batch"]} if meta.get("batch") else None
             try:
-                info = await self._send(entry, size, tags, ctype, base)
+                info = await self._send(entry, size, tags, ctype, base, metadata)
             except StoreError as exc:
                 await self._upload_error(entry, exc, "uploading", bucket, key)
             finally:
@@ -198,6 +202,7 @@ class Uploads:
                 self.dirty.uploaded(entry, info["etag"])
             else:
                 self.dirty.rebased(entry, info["etag"], size)
+                entry.meta.pop("batch", None)  # what was written since is no part of it
                 self.schedule(entry)
             self.properties.clear()
             self.tree.local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs,
@@ -217,13 +222,14 @@ class Uploads:
         raise store_failure(exc, what, bucket, key) from exc
 
     async def _send(self, entry: CacheEntry, size: int, tags: dict, ctype: str,
-                    base: str | None) -> dict:
+                    base: str | None, metadata: dict | None = None) -> dict:
         """The upload itself: a file based on a source version and at least a part big is
         rebuilt with its unchanged ranges copied server-side (``rebuild``); else the parts
         sent while the file was written are completed when they fit (same key, tags,
-        type); else the whole file goes, its missing bytes fetched first."""
+        type); else the whole file goes, its missing bytes fetched first. A file with user
+        ``metadata`` (a published one) always goes whole."""
         source, part = entry.source, self.store.part_size
-        if source is not None and size >= part:
+        if source is not None and size >= part and metadata is None:
             parts = rebuild.plan(size, entry.source_len, self.dirty.changed(entry),
                                  upload_part=part)
             if any(p.copy for p in parts):
@@ -250,6 +256,9 @@ class Uploads:
         if self.dirty.sparse(entry):
             await self.cache.ensure(self.store, entry, 0, size)
         st = self._streams.pop(os.path.basename(entry.path), None)
+        if st is not None and metadata is not None:
+            await st.abort()
+            st = None
         if st is not None:
             try:
                 if st.key == (entry.bucket, entry.key) and st.tags == tags \
@@ -265,7 +274,7 @@ class Uploads:
                 if st.mp.upload_id is not None or st.sending:
                     await st.abort()
         return await self.store.upload(entry.bucket, entry.key, entry.path, size=size,
-                                       tags=tags, content_type=ctype, base=base)
+                                       tags=tags, content_type=ctype, base=base, metadata=metadata)
 
     async def conflict(self, entry: CacheEntry, reason: str) -> None:
         """S3 has another version of the entry's key than the one it was based on: the
