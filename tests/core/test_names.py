@@ -11,7 +11,7 @@ import pytest
 
 from delvefs.client.errors import FsError
 from delvefs.client.fs.inodes import NAME_MAX, flat_name, is_cut, relative_path, unshowable
-from delvefs.client.status import _views_report, format_mount
+from delvefs.client.status import format_mount, views_report
 
 from .conftest import view
 
@@ -55,9 +55,9 @@ async def test_keys_without_a_name_are_skipped_counted_and_logged_once(make_worl
     assert list(f.unshown) == ["data/nul\0tail.txt"]
     assert len(not_shown_log(caplog)) == 6            # once per key and view
     # counted in `delvefs status`
-    report = {v["name"]: v["unshown"] for v in _views_report(w.fs)}
+    report = {v["name"]: v["unshown"] for v in views_report(w.fs)}
     assert report == {"t": 5, "f": 1}
-    status = {"mountpoint": "/m", "pid": 1, "handler": "h", "views": _views_report(w.fs),
+    status = {"mountpoint": "/m", "pid": 1, "handler": "h", "views": views_report(w.fs),
               "files": [], "counts": {}, "cache_dir": "/c",
               "cache": {"bytes": 0, "limit": None, "entries": 0, "dirty_bytes": 0}}
     assert "NOT SHOWN" in format_mount(status)
