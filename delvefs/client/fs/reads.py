@@ -48,6 +48,7 @@ class Reads:
         if not node.gone:  # (a gone inode has no name to look up again)
             await self._revalidate(node)
         h = FileHandle(node)
+        keep = self.tree.serves(node.ino, node.etag)
         vs = node.parent.view
         entry = self.cache.get(vs.bucket, node.key)
         if entry is not None and not entry.dirty and entry.etag and entry.etag == node.etag:
@@ -61,8 +62,9 @@ class Reads:
             else:
                 self.cache.hold(entry)
                 h.entry = entry
+                self.tree.served(node.ino, entry.etag)  # its reads bring in pages of it
         fh = self.handles.add_file(h)
-        return fh, self.tree.serves(node.ino, node.etag)
+        return fh, keep
 
     async def _revalidate(self, node) -> None:
         """Before the kernel serves an open anything: whether the node's version is still
