@@ -23,22 +23,17 @@ docs/PERFORMANCE.md, "Metrics", has a run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from delvefs.devtools.localservices import LocalServices
-from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
-
 from .bench_mount import DELVEFS, RESULTS, log
-from .bench_tree import BASE, BUCKET, Delve, clear, source_tar, timed
+from .bench_tree import Delve, services, source_tar, timed
 
 
 def bench_adapter(batches: int, batch: int) -> dict:
@@ -109,7 +104,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res: dict = {"adapter": bench_adapter(args.batches, args.batch)}
     tar = source_tar(args.files)
-    with stack("bench-metrics-") as (work, env, _client, handler):
+    with services("bench-metrics-") as (work, env, _client, handler):
         mounts = {}
         try:
             for name in ("off", "on"):
@@ -147,29 +142,6 @@ def main(argv=None) -> int:
     log(f"results: {out}")
     print(json.dumps(res, indent=2))
     return 0
-
-
-@contextlib.contextmanager
-def stack(prefix: str):
-    """bench_tree's setting: local MinIO and RabbitMQ, its bucket (emptied, wired) and a
-    handler, in a work directory: (work, the mounts' environment, an S3 client, the handler)."""
-    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix=prefix) as d:
-        work = Path(d)
-        env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
-               "DELVEFS_HANDLER_TOKEN": "bench"}
-        os.environ.update(svc.env())
-        client = make_client(max_pool=16)
-        ensure_bucket(client, BUCKET)
-        clear(client)
-        wire_notifications(client, BUCKET, svc.minio.notify_arn)
-        from eventhandler.devtools import HandlerProcess
-        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
-        handler.start()
-        try:
-            yield work, env, client, handler
-        finally:
-            handler.close()
-            clear(client)
 
 
 def in_turn(mounts: dict, i: int) -> list:

@@ -26,6 +26,7 @@ The tar is built once and cached in ~/.cache/delvefs/bench-tree/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -352,6 +353,29 @@ def plot(res: dict, baseline: dict | None, path: Path) -> None:
     log(f"plot: {path}")
 
 
+@contextlib.contextmanager
+def services(prefix: str):
+    """The benchmark's setting: local MinIO and RabbitMQ, its bucket (emptied, wired) and a
+    handler, in a work directory: (work, the mounts' environment, an S3 client, the handler)."""
+    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix=prefix) as d:
+        work = Path(d)
+        env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
+               "DELVEFS_HANDLER_TOKEN": "bench"}
+        os.environ.update(svc.env())
+        client = make_client(max_pool=16)
+        ensure_bucket(client, BUCKET)
+        clear(client)
+        wire_notifications(client, BUCKET, svc.minio.notify_arn)
+        from eventhandler.devtools import HandlerProcess
+        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
+        handler.start()
+        try:
+            yield work, env, client, handler
+        finally:
+            handler.close()
+            clear(client)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=None, help="only the first N files of the tree")
@@ -369,46 +393,31 @@ def main(argv=None) -> int:
     tree = {"files": len(members), "bytes": sum(m.size for m in members)}
     results: dict = dict(tree)
     log(f"tree: {tree['files']} files, {tree['bytes'] / 2**20:.1f} MiB ({tar})")
-    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix="bench-tree-") as d:
-        work = Path(d)
-        env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
-               "DELVEFS_HANDLER_TOKEN": "bench"}
-        os.environ.update(svc.env())
-        client = make_client(max_pool=16)
-        ensure_bucket(client, BUCKET)
-        clear(client)
-        wire_notifications(client, BUCKET, svc.minio.notify_arn)
-        from eventhandler.devtools import HandlerProcess
-        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
-        handler.start()
-        try:
-            for mode in modes:
-                log(f"--- {CPU_MODES[mode]}")
-                res = results[mode] = dict(tree)
-                here = work / mode
-                here.mkdir()
-                delve = Delve(env, here, handler.url)
-                with cpu_mode(mode):
-                    for part in parts:
-                        try:
-                            if part == "local":
-                                bench_local(here, tar, res)
-                            elif part == "boto3":
-                                bench_boto3(client, here, tar, res)
-                            elif part == "floor":
-                                bench_floor(here, tar, res)
-                            elif part == "strict":
-                                bench_strict(delve, client, tar, res)
-                            elif part == "eager":
-                                bench_eager(delve, client, tar, res)
-                            elif part == "s3fs":
-                                bench_s3fs(env, here, tar, res)
-                        except Exception as exc:  # noqa: BLE001 — recorded; the other parts still run
-                            log(f"{part} failed: {exc}")
-                            res[f"{part}_error"] = str(exc)
-                clear(client)
-        finally:
-            handler.close()
+    with services("bench-tree-") as (work, env, client, handler):
+        for mode in modes:
+            log(f"--- {CPU_MODES[mode]}")
+            res = results[mode] = dict(tree)
+            here = work / mode
+            here.mkdir()
+            delve = Delve(env, here, handler.url)
+            with cpu_mode(mode):
+                for part in parts:
+                    try:
+                        if part == "local":
+                            bench_local(here, tar, res)
+                        elif part == "boto3":
+                            bench_boto3(client, here, tar, res)
+                        elif part == "floor":
+                            bench_floor(here, tar, res)
+                        elif part == "strict":
+                            bench_strict(delve, client, tar, res)
+                        elif part == "eager":
+                            bench_eager(delve, client, tar, res)
+                        elif part == "s3fs":
+                            bench_s3fs(env, here, tar, res)
+                    except Exception as exc:  # noqa: BLE001 — recorded; the other parts still run
+                        log(f"{part} failed: {exc}")
+                        res[f"{part}_error"] = str(exc)
             clear(client)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"tree-{args.save or 'last'}.json"
