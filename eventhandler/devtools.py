@@ -15,7 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from delvefs.client.handler_api import HandlerError, SyncHandlerClient, register_request
+from delvefs.client.handler_api import HandlerError, SyncHandlerClient
+from delvefs.client.handler_requests import register_request
 from delvefs.devtools.localservices import free_port
 from rulesets import View
 
