@@ -129,6 +129,10 @@ def store_error(exc: BaseException, what: str) -> StoreError:
     code (botocore's ClientError, the lean client's S3Error), else a full cache disk by
     its errno, else EIO."""
     code = s3.error_code(exc)
+    if code == "InvalidRange":
+        # a range of the version asked for (pinned to its ETag) that it does not have:
+        # the size this mount knew of it is wrong, as after a change it has not seen
+        return Changed(f"{what}: the object's size is another than this mount knew ({exc})")
     err = errno_of_s3_code(code)
     if err == errno.ENOENT:
         return StoreError(err, f"{what}: no such object")

@@ -194,7 +194,7 @@ class FakeStore:
             raise Changed(f"GET {bucket}/{key}: 412")
         data = o["data"]
         if end > len(data):
-            raise StoreError(errno.EIO, f"GET {bucket}/{key}: InvalidRange {start}-{end - 1}")
+            raise Changed(f"GET {bucket}/{key}: InvalidRange {start}-{end - 1}")  # (as store_error maps it)
         for pos in range(start, end, self.chunk):
             stop = min(end, pos + self.chunk)
             if self.fail_at is not None and pos <= self.fail_at < end:

@@ -33,17 +33,20 @@ class Pending:
     the change of an earlier upload of the same content must not retire a later one.
     ``since``: the wall-clock time the change was made (a put: its request started); the
     handler keeps only the newest change of a key, so a version of another writer whose
-    time is later is newer than this mount's change and retires it at once."""
+    time is later is newer than this mount's change and retires it at once. ``before``
+    (``local`` only): the ``delete`` it took the place of — a file created where this
+    mount had just deleted one — back in force when the new file goes without an upload."""
 
-    __slots__ = ("kind", "etag", "deadline", "earlier", "since")
+    __slots__ = ("kind", "etag", "deadline", "earlier", "since", "before")
 
     def __init__(self, kind: str, etag: str | None, deadline: float, earlier: tuple = (),
-                 since: float = math.inf):
+                 since: float = math.inf, before: "Pending | None" = None):
         self.kind = kind
         self.etag = etag
         self.deadline = deadline
         self.earlier = earlier[-EARLIER_KEPT:]
         self.since = since
+        self.before = before
 
     def unconfirmed(self) -> tuple:
         """The ETags of this mount's uploads still to be confirmed, oldest first."""
@@ -54,7 +57,10 @@ class Pending:
 
 def local_pending(previous: Pending | None) -> Pending:
     """The overlay entry of a file being written (dirty) that was ``previous``."""
-    return Pending("local", None, math.inf, previous.unconfirmed() if previous else ())
+    if previous is not None and previous.kind == "local":
+        return previous
+    return Pending("local", None, math.inf, previous.unconfirmed() if previous else (),
+                   before=previous if previous is not None and previous.kind == "delete" else None)
 
 
 class Refresh:

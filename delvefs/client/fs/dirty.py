@@ -356,6 +356,14 @@ class DirtyFiles:
         self._unjournal(entry)
         self.cache.drop(entry)
 
+    def orphan(self, entry: CacheEntry) -> None:
+        """The entry's file is no key's any more (removed or replaced while descriptors
+        hold it): theirs alone, never uploaded; one that holds all of its bytes reads
+        without S3 from now on (its version may be gone)."""
+        self.discard(entry)
+        if not self.sparse(entry):
+            entry.present, entry.source = None, None
+
     def restore(self) -> list[CacheEntry]:
         """The dirty entries an earlier mount of this cache directory journaled (the
         records ``DataCache`` found at its start): in the cache again, to be uploaded."""

@@ -74,7 +74,7 @@ class Namespace:
             entry = self.cache.get(bucket, key)
             local_only = entry is not None and entry.dirty and not entry.meta.get("existing") \
                 and not node.etag
-            if entry is not None and entry.dirty and entry.opens:  # still read through a handle
+            if self._written(entry) and entry.opens:  # still read through a handle
                 await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
             if not local_only:
                 if self.eager:  # sent in a DeleteObjects batch (deletes.py)
@@ -87,8 +87,7 @@ class Namespace:
             entry = self.cache.get(bucket, key)
             if entry is not None:
                 self.uploads.unschedule(entry)
-                self.dirty.discard(entry)
-            self.tree.forget_pending(vs, key)
+                self.dirty.orphan(entry)
             self.tree.keep_dir(node.parent)
             if local_only:
                 self.tree.drop_local(bucket, key, vs)
@@ -211,6 +210,9 @@ class Namespace:
             async with self.uploads.entry_locks(entry, self._dirty_at(db, dk)):
                 if entry.dirty and (entry.bucket, entry.key) == (sb, sk):
                     await self.uploads.keep_source(entry, "renaming (fetching what it lacks)")
+                    replaced = self._written_at(db, dk)
+                    if replaced is not None and replaced.opens:  # its descriptors read on
+                        await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
                     # a file S3 never had leaves alone an object of its key (another
                     # writer's, which other views may show)
                     result["local_only"] = not (entry.meta.get("existing") or node.etag)
@@ -225,7 +227,7 @@ class Namespace:
                     # may not show that version yet), else the target's version, else
                     # nothing; a conflict copy renamed is an ordinary file again
                     base, existing = self._known_version(db, dk, target)
-                    self._discard_dirty(db, dk, entry, dst_vs)
+                    self._discard_written(db, dk, entry, dst_vs)
                     self.dirty.rekey(entry, db, dk)
                     self.dirty.update_record(entry, view=dst_vs.name, base=base, conflict=None,
                                              existing=existing,
@@ -239,14 +241,14 @@ class Namespace:
         if not self.catalog.can_match(dst_vs, dk, node.size, tags):
             raise FsError(errno.EXDEV, f"{dk} cannot be in view {dst_vs.name} (mv copies, then "
                           "removes: the copy is a scratch file of this mount)")
-        replaced = self._dirty_at(db, dk)
+        replaced = self._written_at(db, dk)
         # a clean copy written through open handles (uploaded by an fsync, say) follows the
         # rename, or their writes would land in a file no key has any more: the copy is
         # made of exactly its version (a multipart copy's ETag is another than its source's)
         ce = self.cache.get(sb, sk)
         held = ce is not None and not ce.dirty and ce.writers > 0 and ce.etag == node.etag
         async with self.uploads.entry_locks(replaced):  # its upload, if one runs, ends first
-            if replaced is not None and replaced.dirty and replaced.opens:  # read through a handle
+            if replaced is not None and replaced.opens:  # read through a handle
                 await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
             try:
                 await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
@@ -259,7 +261,7 @@ class Namespace:
                 await self.store.delete(sb, sk)
             except StoreError as exc:
                 raise store_failure(exc, "deleting (rename; the copy exists)", sb, sk) from exc
-            self._discard_dirty(db, dk, None, dst_vs)  # replaced: a local copy of the target is void
+            self._discard_written(db, dk, None, dst_vs)  # replaced: the target's local copy is void
         now = self.cache.get(sb, sk)
         if held and ce is now:
             self.dirty.rekey(ce, db, dk)  # the handles' file follows, its version the copy
@@ -293,15 +295,30 @@ class Namespace:
         entry = self.cache.get(bucket, key)
         return entry if entry is not None and entry.dirty else None
 
-    def _discard_dirty(self, bucket: str, key: str, keep, dst_vs: ViewState) -> None:
-        """A rename into ``dst_vs`` replaces ``bucket/key``: a dirty local copy there (other
-        than ``keep``) is no longer wanted, and its nodes in other views go with it."""
-        old = self.cache.get(bucket, key)
-        if old is None or old is keep or not old.dirty:
+    @staticmethod
+    def _written(entry) -> bool:
+        """Whether ``entry`` is a local copy written through descriptors: dirty, or
+        uploaded (an fsync) while descriptors still write to it."""
+        return entry is not None and (entry.dirty or entry.writers > 0)
+
+    def _written_at(self, bucket: str, key: str):
+        """The entry of ``bucket/key`` written through descriptors, if there is one."""
+        entry = self.cache.get(bucket, key)
+        return entry if self._written(entry) else None
+
+    def _discard_written(self, bucket: str, key: str, keep, dst_vs: ViewState) -> None:
+        """A rename into ``dst_vs`` replaces ``bucket/key``: a local copy there written
+        through descriptors (other than ``keep``) is no longer the key's — its descriptors
+        keep it to themselves (``Writes._orphaned``), nothing of it is uploaded — and the
+        nodes of a dirty one in other views go with it."""
+        old = self._written_at(bucket, key)
+        if old is None or old is keep:
             return
+        dirty = old.dirty
         self.uploads.unschedule(old)
-        self.dirty.discard(old)
-        self.tree.drop_local(bucket, key, None, skip=dst_vs)
+        self.dirty.orphan(old)
+        if dirty:
+            self.tree.drop_local(bucket, key, None, skip=dst_vs)
 
     async def _rename_file(self, node: File, dst: Dir, name: str, target: Node | None) -> None:
         src_vs, dst_vs = node.parent.view, dst.view

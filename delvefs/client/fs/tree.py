@@ -570,10 +570,14 @@ class Tree:
         that key (another writer's) stays shown wherever it is (``also``: the kernel
         removed that view's entry itself; ``skip``: that view's node stays, a rename's
         destination)."""
+        now = trio.current_time()
         for vs in self.catalog.of_bucket(bucket):
             p = vs.overlay.get(key)
             if p is not None and p.kind == "local":
-                del vs.overlay[key]
+                if p.before is not None and p.before.deadline > now:
+                    vs.overlay[key] = p.before  # this mount's delete of the key before it holds
+                else:
+                    del vs.overlay[key]
             node = self.find(vs, key) if vs is not skip else None
             if node is not None and not node.is_dir and not node.etag:
                 self.delete(vs, key, remote=False, notify=vs is not also)

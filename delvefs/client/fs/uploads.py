@@ -351,9 +351,11 @@ class Uploads:
         return info
 
     async def keep_source(self, entry: CacheEntry, what: str) -> None:
-        """The object a sparse dirty entry takes its missing bytes from is about to be
-        deleted or replaced (a rename, an unlink while open, an overwrite): fetch them
-        first; the entry is an ordinary local file afterwards. Raises FsError."""
+        """The object an entry written through descriptors takes its missing bytes from is
+        about to be deleted or replaced (a rename, an unlink while open, an overwrite):
+        fetch them first. A dirty entry is an ordinary local file afterwards; a clean one
+        (uploaded by an fsync while descriptors still write it) holds all of its bytes.
+        Raises FsError."""
         if entry.source is None:
             return
         if self.dirty.sparse(entry):
@@ -361,7 +363,8 @@ class Uploads:
                 await self.cache.ensure(self.store, entry, 0, entry.size)
             except StoreError as exc:
                 raise store_failure(exc, what, entry.source[0], entry.source[1]) from exc
-        self.dirty.unsource(entry)
+        if entry.dirty:
+            self.dirty.unsource(entry)
 
     async def run_uploads(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background: upload dirty files nobody writes to any more (eager closes, a flush
