@@ -97,7 +97,6 @@ def main(argv=None) -> int:
         mp = work / "mnt"
         mp.mkdir()
         env = {**os.environ, "DELVEFS_STATE_HOME": str(work / "state")}
-        t = time.perf_counter()
         subprocess.run([DELVEFS, "mount", str(views), str(mp), "--cache-dir", str(work / "cache"),
                         "--handler", f"http://127.0.0.1:{port}"], env=env, check=True)
         try:

@@ -135,7 +135,7 @@ def table(res: dict) -> str:
     n = res["files"]
     out = ["| publish of {n} files ({size} B each) | end to end, median (p90) | subscriber sees a part of it for, median (p90) | writer's own time, median |".format(n=n, size=res["size"]),
            "|---|---|---|---|"]
-    for kind, what in (("directory", f"a directory: write into `.tmp-dN/`, `mv` to `dN/`"),
+    for kind, what in (("directory", "a directory: write into `.tmp-dN/`, `mv` to `dN/`"),
                        ("separate", f"{n} separate files written into `fN/`")):
         e, ep = summary(rows, kind, "end_to_end_s")
         s, sp = summary(rows, kind, "spread_s")

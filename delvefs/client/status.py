@@ -122,6 +122,11 @@ def _listing_text(p: dict) -> str:
             f"({p['rate']:.0f}/s, {left})")
 
 
+def sharded_status(answers: dict) -> str:
+    """One status per shard."""
+    return "\n\n".join(f"shard {name}:\n{format_handler(a)}" for name, a in answers.items())
+
+
 def format_handler(s: dict) -> str:
     src = s["source"]
     lines = [f"handler: principal {s['principal']}, up {_age(s['uptime'])}",
@@ -183,10 +188,7 @@ def run(args) -> int:
                 except HandlerError as exc:
                     print(f"delvefs status: {exc}", file=sys.stderr)
                     return 1
-            text = format_handler
-            if client.shards.sharded:  # one status per shard
-                def text(answers):
-                    return "\n\n".join(f"shard {name}:\n{format_handler(a)}" for name, a in answers.items())
+            text = sharded_status if client.shards.sharded else format_handler
         elif args.mountpoint:
             answer = request(args.mountpoint, "status", timeout=30)
             text = format_mount
