@@ -565,6 +565,33 @@ async def test_a_file_unlinked_while_its_fsynced_descriptor_reads_keeps_every_by
 
 
 @pytest.mark.parametrize("eager", [False, True])
+async def test_descriptors_reading_a_file_removed_or_replaced_here_read_it_on(make_world, eager):
+    # opened for reading, nothing read yet (or one block of a bigger file): another process
+    # unlinks one file and renames a third onto the other through this mount; the
+    # descriptors read every byte of what they opened
+    w = make_world(wview(), eager=eager)
+    await w.start()
+    small, big = os.urandom(5000), os.urandom(3 << 20)
+    w.add("v", "data/a", small)
+    w.add("v", "data/b", big)
+    w.add("v", "data/c", b"sea")
+    ha, _ = await w.fs.open((await w.path("v/a")).ino, os.O_RDONLY)
+    hb, _ = await w.fs.open((await w.path("v/b")).ino, os.O_RDONLY)
+    assert await w.fs.read(hb, 0, 10) == big[:10]          # a block of it cached
+    top = await w.path("v")
+    await w.fs.unlink(top.ino, "a")
+    await w.fs.rename(top.ino, "c", top.ino, "b")
+    if eager:
+        assert await w.fs.sync_all() == []
+    assert w.obj("v", "data/a") is None and w.obj("v", "data/b")["data"] == b"sea"
+    assert await w.fs.read(ha, 0, 10000) == small
+    assert await w.fs.read(hb, 0, len(big)) == big
+    for fh in (ha, hb):
+        await w.fs.release(fh)
+    assert await w.read("v/b") == b"sea"
+
+
+@pytest.mark.parametrize("eager", [False, True])
 async def test_a_file_created_and_unlinked_where_this_mount_deleted_one_stays_gone(
         make_world, eager):
     # the first file's upload is confirmed late (its event comes after both unlinks): the

@@ -105,7 +105,7 @@ class FileSystem:
         self.publisher = Publisher(store, cache, self.dirty, self.uploads, self.tree)
         self.namespace = Namespace(self.table, self.catalog, self.tree, self.listings,
                                    self.uploads, self.deletes, self.properties, self.publisher,
-                                   self.dirty, cache, store, settings)
+                                   self.reads, self.dirty, cache, store, settings)
         self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache,
                              getattr(handler, "base_url", None))
         self.attributes = Attributes(self.table, self.handles, self.tree, self.listings,

@@ -24,6 +24,7 @@ from .inodes import (Dir, File, InodeTable, Node, check_key, check_name, key_for
                      writable_dir)
 from .properties import Properties
 from .publish import Publisher
+from .reads import Reads
 from .tree import Tree
 from .uploads import Uploads
 from .views import Views
@@ -36,7 +37,7 @@ class Namespace:
 
     def __init__(self, table: InodeTable, catalog: ViewCatalog, tree: Tree, views: Views,
                  uploads: Uploads, deletes: DeleteQueue, properties: Properties,
-                 publisher: Publisher, dirty, cache, store, settings):
+                 publisher: Publisher, reads: Reads, dirty, cache, store, settings):
         self.table = table
         self.catalog = catalog
         self.tree = tree
@@ -45,6 +46,7 @@ class Namespace:
         self.deletes = deletes
         self.properties = properties
         self.publisher = publisher
+        self.reads = reads
         self.dirty = dirty
         self.cache = cache
         self.store = store
@@ -76,6 +78,8 @@ class Namespace:
                 and not node.etag
             if self._written(entry) and entry.opens:  # still read through a handle
                 await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
+            if not local_only:
+                await self.reads.keep_for_readers(node)
             if not local_only:
                 if self.eager:  # sent in a DeleteObjects batch (deletes.py)
                     self.deletes.queue(bucket, key)
@@ -250,6 +254,10 @@ class Namespace:
         async with self.uploads.entry_locks(replaced):  # its upload, if one runs, ends first
             if replaced is not None and replaced.opens:  # read through a handle
                 await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
+            # descriptors reading the file moved (its old key goes) or the one it replaces
+            await self.reads.keep_for_readers(node)
+            if target is not None and not target.is_dir:
+                await self.reads.keep_for_readers(target)
             try:
                 await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
                 info = await self.store.copy(

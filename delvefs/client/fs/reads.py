@@ -19,6 +19,7 @@ an inode when the ETag it was served is still the node's.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 from ..cacheentry import CacheEntry
@@ -27,6 +28,13 @@ from .handles import FileHandle, Handles
 from .inodes import InodeTable
 from .tree import Tree
 from .uploads import Uploads
+
+log = logging.getLogger(__name__)
+
+# An object removed or replaced through this mount while descriptors read it is fetched
+# whole first, up to this size (a bigger one: its bytes not read yet are EIO afterwards,
+# as after a delete by another client)
+KEEP_FOR_READERS_MAX = 256 << 20
 
 
 class Reads:
@@ -98,6 +106,23 @@ class Reads:
                                            info["etag"])
         if current is not node:
             raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
+
+    async def keep_for_readers(self, node) -> None:
+        """``node``'s object is about to be deleted or replaced through this mount while
+        descriptors read it: the bytes they lack are fetched first (objects of at most
+        ``KEEP_FOR_READERS_MAX``), so they read on as on a local file system. Best effort:
+        what cannot be fetched is EIO later, as after another client's delete."""
+        readers = [h for h in self.handles.files.values() if not h.writer and h.node is node]
+        if not readers or node.size > KEEP_FOR_READERS_MAX:
+            return
+        for h in readers:
+            try:
+                await self._ready(h, 0, node.size)
+                if h.entry is not None and h.entry.present is not None:
+                    await self.cache.ensure(self.store, h.entry, 0, h.entry.size)
+            except (FsError, StoreError) as exc:
+                log.info("%s/%s: fetching it for its readers before it goes: %s",
+                         node.parent.view.bucket, node.key, exc)
 
     async def _ready(self, h: FileHandle, off: int, size: int) -> int:
         async with h.lock:
