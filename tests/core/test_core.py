@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import logging
 
 import pytest
@@ -100,6 +101,20 @@ async def test_deleted_file_lives_until_forget(make_world, mock_clock):
     with pytest.raises(FsError) as e:
         await w.fs.getattr(a.ino)
     assert e.value.errno == errno.ENOENT
+
+
+async def test_an_open_of_an_inode_removed_since_its_lookup_is_looked_up_again(make_world):
+    # another process unlinks the file between this open's lookup and its OPEN: ESTALE,
+    # so the kernel looks the name up again (ENOENT: a race lost, never an EIO at read)
+    w = make_world(view("v", writable=True))
+    w.add("v", "data/a", b"abc")
+    await w.start()
+    a = await w.path("v/a")
+    top = await w.path("v")
+    await w.fs.unlink(top.ino, "a")
+    with pytest.raises(FsError) as e:
+        await w.fs.open(a.ino, os.O_RDONLY)
+    assert e.value.errno == errno.ESTALE and await w.fs.lookup(top.ino, "a") is None
 
 
 async def test_readdir_offsets_stable_while_entries_change(make_world, mock_clock):

@@ -63,6 +63,32 @@ def test_a_file_unlinked_while_open_is_written_and_read_through_its_descriptor(
     assert "gone.txt" not in listdir(mp / "data") and "early.txt" not in listdir(mp / "data")
 
 
+def test_files_removed_or_replaced_here_are_read_on_by_their_descriptors(mounts, s3, bucket, mode):
+    # another process's rm and mv through the mount while descriptors read (one fsync'd
+    # while still written, one opened for reading before anything of it was read)
+    mp = mounts.mount(data_views(bucket), *mode)
+    big = os.urandom(3 << 20)
+    put(s3, bucket, "data/read.bin", big)
+    put(s3, bucket, "data/other.bin", b"other")
+    wait_until(lambda: "other.bin" in listdir(mp / "data"), CHANGE_TIMEOUT, "other.bin listed")
+    reader = os.open(mp / "data/read.bin", os.O_RDONLY)
+    writer = os.open(mp / "data/written.bin", os.O_CREAT | os.O_RDWR)
+    try:
+        os.pwrite(writer, b"w" * 100_000, 0)
+        os.fsync(writer)
+        os.rename(mp / "data/other.bin", mp / "data/read.bin")
+        os.unlink(mp / "data/written.bin")
+        sync(mounts, mp)
+        assert os.pread(reader, len(big) + 1, 0) == big
+        os.pwrite(writer, b"more", 100_000)
+        assert os.pread(writer, 200_000, 0) == b"w" * 100_000 + b"more"
+    finally:
+        os.close(reader)
+        os.close(writer)
+    sync(mounts, mp)
+    assert "written.bin" not in keys(s3, bucket) and (mp / "data/read.bin").read_bytes() == b"other"
+
+
 def test_names_too_long_are_enametoolong_for_every_operation(mounts, s3, bucket, mode):
     mp = mounts.mount(data_views(bucket), *mode)
     long_name = "n" * 256

@@ -53,11 +53,17 @@ class Reads:
     async def open(self, node) -> tuple[int, bool]:
         """A reading handle of ``node`` and whether the kernel may keep pages it cached for
         this inode (``_revalidate`` first)."""
-        if not node.gone:  # (a gone inode has no name to look up again)
+        vs = node.parent.view
+        entry = self.cache.get(vs.bucket, node.key)
+        if not node.gone:
             await self._revalidate(node)
+        elif not (entry is not None and not entry.dirty and entry.etag == node.etag) \
+                and self.handles.reader_of_version(node) is None:
+            # removed (or replaced) after the kernel looked its name up, nothing of it held
+            # here: the kernel looks the name up again (ENOENT when it is gone)
+            raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key}: removed: looked up again")
         h = FileHandle(node)
         keep = self.tree.serves(node.ino, node.etag)
-        vs = node.parent.view
         entry = self.cache.get(vs.bucket, node.key)
         if entry is not None and not entry.dirty and entry.etag and entry.etag == node.etag:
             # the kernel may serve this descriptor pages of that version without asking:
