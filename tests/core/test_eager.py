@@ -8,6 +8,7 @@ import os
 
 import pytest
 import trio
+import trio.testing
 
 from delvefs.client import datacache, journal
 from delvefs.client.errors import FsError
@@ -589,6 +590,36 @@ async def test_descriptors_reading_a_file_removed_or_replaced_here_read_it_on(ma
     for fh in (ha, hb):
         await w.fs.release(fh)
     assert await w.read("v/b") == b"sea"
+
+
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_file_opened_for_writing_while_its_rename_copies_it_keeps_its_writes(
+        make_world, eager):
+    # another process opens the file (looked up before the rename) and writes while the
+    # rename's server-side copy runs: its writes follow the file to its new name
+    w = make_world(wview(), eager=eager)
+    await w.start()
+    w.add("v", "data/a", b"0123456789")
+    top, node = await w.path("v"), await w.path("v/a")
+    gate, real = trio.Event(), w.store.copy
+
+    async def slow_copy(*args, **kw):
+        await gate.wait()
+        return await real(*args, **kw)
+    w.store.copy = slow_copy
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        nursery.start_soon(w.fs.rename, top.ino, "a", top.ino, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        fh, _ = await w.fs.open(node.ino, os.O_RDWR)
+        await w.fs.write(fh, 0, b"AB")
+        gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        await w.close(fh)
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.obj("v", "data/b")["data"] == b"AB23456789" and w.obj("v", "data/a") is None
+    assert await w.names("v") == ["b"] and w.fs.upload_report() == []
 
 
 @pytest.mark.parametrize("eager", [False, True])

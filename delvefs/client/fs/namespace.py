@@ -265,6 +265,11 @@ class Namespace:
                     metadata=None if batch is None else {BATCH_FIELD: batch})
             except StoreError as exc:
                 raise store_failure(exc, "copying (rename)", sb, sk) from exc
+            opened = self.cache.get(sb, sk)
+            if opened is not None and opened.dirty and opened is not ce:
+                # opened for writing while it was copied: what it lacks is in the object
+                # about to be deleted
+                await self.uploads.keep_source(opened, "renaming (fetching what it lacks)")
             try:
                 await self.store.delete(sb, sk)
             except StoreError as exc:
@@ -278,7 +283,13 @@ class Namespace:
                 result["dirty"] = ce
             else:
                 self.cache.validated(ce, info["etag"])
-        elif now is not None and not now.dirty and now.etag == info["etag"]:
+        elif now is not None and now.dirty:
+            # opened for writing while it was copied: its writes follow the file (based on
+            # the version it was opened on; a copy with another ETag is a conflict at upload)
+            self.dirty.rekey(now, db, dk)
+            self.dirty.update_record(now, view=dst_vs.name)
+            result["dirty"] = now
+        elif now is not None and now.etag == info["etag"]:
             self.dirty.rekey(now, db, dk)  # the very version copied: still valid
         else:
             self.cache.forget(sb, sk)
