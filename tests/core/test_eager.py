@@ -622,6 +622,36 @@ async def test_a_file_opened_for_writing_while_its_rename_copies_it_keeps_its_wr
     assert await w.names("v") == ["b"] and w.fs.upload_report() == []
 
 
+@pytest.mark.parametrize("op", ["rename", "unlink"])
+async def test_the_confirmation_of_its_own_delete_mid_operation_takes_nothing_from_the_tree(
+        make_world, op):
+    # the handler reports the DELETE of the source key (a refresh applies it) while the
+    # rename or unlink that sent it still runs: the file moves, its emptied directory stays
+    w = make_world(wview(ttl=0.0))
+    w.add("v", "data/d/f", b"x")
+    await w.start()
+    d, top = await w.path("v/d"), await w.path("v")
+    gate, real = trio.Event(), w.store.delete
+
+    async def delete_then_confirmed(bucket, key):
+        await real(bucket, key)
+        w.handler.delete("v", key)
+        await gate.wait()
+    w.store.delete = delete_then_confirmed
+    async with trio.open_nursery() as nursery:
+        if op == "rename":
+            nursery.start_soon(w.fs.rename, d.ino, "f", top.ino, "g")
+        else:
+            nursery.start_soon(w.fs.unlink, d.ino, "f")
+        await trio.testing.wait_all_tasks_blocked()
+        await w.names("v")                        # a refresh applies the handler's delete
+        gate.set()
+    assert await w.names("v") == (["d", "g"] if op == "rename" else ["d"])
+    assert await w.names("v/d") == []
+    if op == "rename":
+        assert await w.read("v/g") == b"x"
+
+
 @pytest.mark.parametrize("eager", [False, True])
 async def test_a_file_created_and_unlinked_where_this_mount_deleted_one_stays_gone(
         make_world, eager):

@@ -26,7 +26,9 @@ EARLIER_KEPT = 32  # an older upload forgotten: its change is ignored until the 
 
 class Pending:
     """One local change of a view not yet confirmed by the handler (the overlay).
-    ``local``: a dirty file (its local content wins until uploaded); ``put``: uploaded
+    ``local``: a dirty file (its local content wins until uploaded); ``leaving``: being
+    deleted or moved away by this mount right now (no change of it applies until the
+    operation has put its outcome in the tree); ``put``: uploaded
     with ``etag`` (retired when a change with that ETag arrives); ``delete``: gone
     (retired when the handler reports the key gone). ``earlier``: the ETags of this
     mount's earlier uploads of the key whose changes have not arrived yet, oldest first —

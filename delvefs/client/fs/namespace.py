@@ -76,30 +76,30 @@ class Namespace:
             entry = self.cache.get(bucket, key)
             local_only = entry is not None and entry.dirty and not entry.meta.get("existing") \
                 and not node.etag
-            if self._written(entry) and entry.opens:  # still read through a handle
-                await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
-            if not local_only:
-                await self.reads.keep_for_readers(node)
-            if not local_only:
-                if self.eager:  # sent in a DeleteObjects batch (deletes.py)
-                    self.deletes.queue(bucket, key)
+            with contextlib.nullcontext() if local_only else self.tree.leaving(vs, key):
+                if self._written(entry) and entry.opens:  # still read through a handle
+                    await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
+                if not local_only:
+                    await self.reads.keep_for_readers(node)
+                    if self.eager:  # sent in a DeleteObjects batch (deletes.py)
+                        self.deletes.queue(bucket, key)
+                    else:
+                        try:
+                            await self.store.delete(bucket, key)
+                        except StoreError as exc:
+                            raise store_failure(exc, "deleting", bucket, key) from exc
+                entry = self.cache.get(bucket, key)
+                if entry is not None:
+                    self.uploads.unschedule(entry)
+                    self.dirty.orphan(entry)
+                self.tree.keep_dir(node.parent)
+                if local_only:
+                    self.tree.drop_local(bucket, key, vs)
                 else:
-                    try:
-                        await self.store.delete(bucket, key)
-                    except StoreError as exc:
-                        raise store_failure(exc, "deleting", bucket, key) from exc
-            entry = self.cache.get(bucket, key)
-            if entry is not None:
-                self.uploads.unschedule(entry)
-                self.dirty.orphan(entry)
-            self.tree.keep_dir(node.parent)
-            if local_only:
-                self.tree.drop_local(bucket, key, vs)
-            else:
-                self.tree.local_delete(bucket, key, also=vs, quiet=True)
-                self.tree.unshadow(bucket, key)
-            if not node.gone:  # not shown by the view's rules (scratch): remove it here
-                self.tree.remove(node, notify=False)
+                    self.tree.local_delete(bucket, key, also=vs, quiet=True)
+                    self.tree.unshadow(bucket, key)
+                if not node.gone:  # not shown by the view's rules (scratch): remove it here
+                    self.tree.remove(node, notify=False)
 
     async def mkdir(self, parent_ino: int, name: str) -> Dir:
         parent, vs = writable_dir(self.table, parent_ino)
@@ -349,12 +349,13 @@ class Namespace:
             # two views of one bucket showing the same key: the object stays where it is
             raise FsError(errno.EXDEV, f"{sk} is already the object {dst_vs.name}/{name} shows")
         result: dict = {}
-        await self._relocate(node, dst_vs, dk, target, result)
-        if node.gone or node.key != sk:
-            return  # changed meanwhile: the next refresh shows what is there
-        self.tree.forget_pending(src_vs, sk)
-        self.tree.move(node, dst, name)
-        self._moved_away(src_vs, sk, result)
+        with self.tree.leaving(src_vs, sk):
+            await self._relocate(node, dst_vs, dk, target, result)
+            if node.gone or node.key != sk:
+                return  # changed meanwhile: the next refresh shows what is there
+            self.tree.forget_pending(src_vs, sk)
+            self.tree.move(node, dst, name)
+            self._moved_away(src_vs, sk, result)
         entry = result.get("dirty")
         if entry is not None:
             self.tree.dirtied(dst_vs, node, entry)

@@ -27,6 +27,7 @@ needs: ``implied_tags`` (tags of a file created in a directory), ``mkdir_propert
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -134,7 +135,7 @@ class Tree:
         p = vs.overlay.get(key)
         if p is None:
             return False
-        if p.kind == "local":
+        if p.kind in ("local", "leaving"):
             return True
         if p.deadline <= trio.current_time():
             del vs.overlay[key]
@@ -157,6 +158,26 @@ class Tree:
     def _newer(obj: dict, p: Pending) -> bool:
         """Whether ``obj`` was written after this mount's change ``p`` was made."""
         return float(obj.get("mtime") or 0) > p.since
+
+    @contextlib.contextmanager
+    def leaving(self, vs: ViewState, key: str):
+        """Around this mount's delete or move of ``key`` of ``vs``: no change the handler
+        reports of the key applies meanwhile (the confirmation of the operation's own
+        DELETE would take the node from under it, and an emptied directory with it); the
+        operation's outcome replaces the mark, a failure restores what was there."""
+        before = vs.overlay.get(key)
+        if before is not None and before.kind == "local":  # stale-proof already
+            yield
+            return
+        mark = vs.overlay[key] = Pending("leaving", None, math.inf)
+        try:
+            yield
+        finally:
+            if vs.overlay.get(key) is mark:
+                if before is None:
+                    del vs.overlay[key]
+                else:
+                    vs.overlay[key] = before
 
     def forget_pending(self, vs: ViewState, key: str) -> None:
         """The overlay of ``vs`` no longer holds a change of ``key``."""
