@@ -70,9 +70,9 @@ class Hub:
 
     def changed(self, buckets) -> None:  # any thread
         if self.events:
-            self.loop.call_soon_threadsafe(self._wake, buckets)
+            self.loop.call_soon_threadsafe(self.wake, buckets)
 
-    def _wake(self, buckets) -> None:
+    def wake(self, buckets) -> None:  # the loop's thread
         for b in buckets:
             ev = self.events.pop(b, None)
             if ev is not None:
@@ -224,12 +224,26 @@ class Api:
         except Unauthorized as exc:
             raise ApiError(401, "unauthorized", str(exc)) from None
 
+    def _serves(self, bucket: str) -> bool:
+        return self.sharding is None or self.sharding.owns(bucket)
+
+    def _misdirected(self, bucket: str) -> ApiError:
+        """The 421 about a bucket another shard owns: its owner, the owner's URLs, the map."""
+        fields = self.sharding.misdirected(bucket)
+        return ApiError(421, "misdirected", f"bucket {bucket!r} belongs to shard {fields['owner']!r} "
+                        f"({', '.join(fields['urls'])}), not to shard {self.shard!r}", **fields)
+
     def _owned(self, bucket: str) -> None:
         """Returns when this handler serves ``bucket``; else 421 naming its owner."""
-        if self.sharding is not None and not self.sharding.owns(bucket):
-            fields = self.sharding.misdirected(bucket)
-            raise ApiError(421, "misdirected", f"bucket {bucket!r} belongs to shard {fields['owner']!r} "
-                           f"({', '.join(fields['urls'])}), not to shard {self.shard!r}", **fields)
+        if not self._serves(bucket):
+            raise self._misdirected(bucket)
+
+    def _moved_event(self, bucket: str) -> bytes:
+        """The change stream's last event when its bucket was handed to another shard: the
+        fields of the 421 a request about it gets now."""
+        exc = self._misdirected(bucket)
+        data = orjson.dumps({"error": exc.code, "message": exc.message, **exc.extra})
+        return b"event: moved\ndata: " + data + b"\n\n"
 
     def _authorize(self, principal: str, bucket: str, key: str, unknown: ApiError) -> None:
         """Returns when ``principal`` holds a grant of ``bucket`` covering ``key``; raises
@@ -251,6 +265,10 @@ class Api:
                            "valid proof of list rights on its bucket and root: register it with one)")
         info = self.engine.views_by_id.get(vid)
         if info is None:
+            moved = self.sharding.moved_view(vid) if self.sharding is not None else None
+            if moved is not None:  # forgotten with its bucket, which another shard owns now
+                self._authorize(request["principal"], *moved, unknown)
+                raise self._misdirected(moved[0])
             raise unknown
         self._authorize(request["principal"], info.bucket, info.view.root, unknown)
         self._owned(info.bucket)  # a bucket being handed off
@@ -464,6 +482,7 @@ class Api:
         deadline = time.monotonic() + wait
         grant_end = self.grants.until(request["principal"], info.bucket, info.view.root)
         while True:
+            self._owned(info.bucket)  # (woken by a handoff of the bucket: 421)
             ev = self.hub.event(info.bucket)
             res = await self._changes(info, since, limit)
             if res["changes"] or res["more"]:
@@ -493,6 +512,9 @@ class Api:
                 left = self.grants.until(principal, info.bucket, info.view.root) - time.time()
                 if left <= 0:
                     return resp
+                if not self._serves(info.bucket):  # handed off (which woke this stream)
+                    await resp.write(self._moved_event(info.bucket))
+                    return resp
                 ev = self.hub.event(info.bucket)
                 try:
                     res = await self._changes(info, since, 1000)
@@ -515,7 +537,10 @@ class Api:
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception:  # the 200 is sent: end the stream; the client reconnects
-            log.exception("change stream of view %s failed", info.id)
+            if self._serves(info.bucket):
+                log.exception("change stream of view %s failed", info.id)
+            else:  # the bucket went while its changes were read
+                await resp.write(self._moved_event(info.bucket))
         return resp
 
     # ---- work-queue groups (eventhandler/groups.py) ---------------------------------------
@@ -618,6 +643,7 @@ class Api:
         member.waiting += 1
         try:
             while True:
+                self._owned(info.bucket)  # (woken by a handoff of the bucket: 421)
                 changed, released = self.hub.event(info.bucket), group.event
                 await self._catch_up(info, group)
                 now = time.time()
@@ -835,6 +861,9 @@ class Api:
         was_owner = self.sharding.owner(bucket)
         loop = asyncio.get_running_loop()
         self.sharding.hand_off(bucket, to)  # from here on: 421 for it, unless it is ours now
+        # long polls and change streams of the bucket wake: they answer 421, or end with
+        # the "moved" event
+        self.hub.wake([bucket])
         drained = {"unbound": False, "forgotten": []} if to == self.shard else \
             await loop.run_in_executor(None, self._release, bucket, to)
         log.warning("%s handed bucket %s from shard %s to shard %s", principal, bucket, was_owner, to)
@@ -842,7 +871,10 @@ class Api:
 
     def _release(self, bucket: str, to: str) -> dict:
         unbound = self.consumer.release(bucket) if hasattr(self.consumer, "release") else False
+        roots = {info.id: (bucket, info.view.root or "") for info in self.engine.infos if info.bucket == bucket}
         views = self.engine.release_bucket(bucket, f"handed off to shard {to}")
+        # requests about them: 421, so their clients follow the bucket
+        self.sharding.release_views({vid: roots[vid] for vid in views if vid in roots})
         return {"unbound": unbound, "forgotten": views}
 
     async def prom(self, request: web.Request):
