@@ -26,7 +26,6 @@ members, no attempt counted.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import socket
