@@ -19,7 +19,8 @@ Given a shard map instead (``NAME=URL,...``, delvefs/shared/shards.py), a client
 request to the shard that owns its bucket (a view's requests: the bucket it was registered
 with), each shard with its own failover; a registration or proofs of several shards' buckets
 are split. A shard answering 421 "misdirected" sends its map along: the client takes it and
-sends the request again, to the owner.
+sends the request again, to the owner. A change stream ended by the ``moved`` event (its
+bucket was handed to another shard) is followed the same way (:meth:`SyncHandlerClient.follow`).
 
 Listings and changes are requested as msgpack, other answers as JSON. Errors:
 :class:`HandlerUnavailable` (cannot reach it / 5xx, e.g. 503 "scanning"), :class:`Resync`
