@@ -1,5 +1,5 @@
 """Work-queue groups: each file that appears in a view goes to exactly one live member of
-the group (docs/SEMANTICS.md, "Work-queue groups"; the HTTP side is eventhandler/api.py).
+the group (docs/SEMANTICS.md, "Work-queue groups"; the HTTP side is eventhandler/api/groups.py).
 
 A group is named per view and lives in LevelDB (records.py, ``G`` and ``W``), so it
 survives a restart of the handler and a standby's takeover. The handler feeds it from the

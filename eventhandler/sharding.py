@@ -6,7 +6,9 @@ only the buckets the map gives it: a request about another bucket is answered 42
 "misdirected", naming the owner and carrying the map, so a client with an outdated map
 corrects itself. Buckets it handed off (``POST /v1/shards/handoff``) are written to
 ``STATE_DIR/handoffs.json`` and stay placed on their new owner across restarts (until
-the configured map places them itself).
+the configured map places them itself), with the views it forgot when it let them go: a
+request about such a view is answered 421 too (not 404), so a client that knew the view
+here follows its bucket to the new owner.
 """
 from __future__ import annotations
 
@@ -34,14 +36,19 @@ class Sharding:
         self.shard = shard
         self.configured = configured
         self.path = Path(state_dir) / HANDOFFS_FILE
-        self.handoffs: dict[str, str] = {}
+        self.handoffs: dict[str, str] = {}  # bucket -> the shard it was handed to
+        # views forgotten when their bucket was handed off: view id -> (bucket, root)
+        self.released: dict[str, tuple[str, str]] = {}
         self.foreign_events = 0  # events of buckets this shard does not own that reached it
         self._lock = threading.Lock()
         try:
             saved = json.loads(self.path.read_text())
         except FileNotFoundError:
             saved = {}
-        for bucket, owner in saved.items():
+        if "buckets" not in saved:  # written before released views were kept: buckets only
+            saved = {"buckets": saved}
+        self.released = {vid: (bucket, root) for vid, (bucket, root) in saved.get("views", {}).items()}
+        for bucket, owner in saved["buckets"].items():
             if owner in configured.shards:
                 self.handoffs[bucket] = owner
             else:
@@ -60,15 +67,35 @@ class Sharding:
         return self.map.owner(bucket) == self.shard
 
     def hand_off(self, bucket: str, to: str) -> None:
-        """From now on ``bucket`` belongs to shard ``to`` (kept across restarts)."""
+        """From now on ``bucket`` belongs to shard ``to`` (kept across restarts). A bucket
+        handed back here: the views of it forgotten before are its own again (404)."""
         if to not in self.map.shards:
             raise ShardMapError(f"no shard {to!r} in the map")
         with self._lock:
             self.handoffs[bucket] = to
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.handoffs, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            if to == self.shard:
+                self.released = {vid: v for vid, v in self.released.items() if v[0] != bucket}
+            self._save()
             self.map = self._placed()
+
+    def release_views(self, views: dict[str, tuple[str, str]]) -> None:
+        """Remember views forgotten with their bucket (view id -> (bucket, root)): requests
+        about them are answered 421, naming the bucket's owner (kept across restarts)."""
+        with self._lock:
+            self.released.update(views)
+            self._save()
+
+    def moved_view(self, view_id: str) -> tuple[str, str] | None:
+        """(bucket, root) of a view forgotten because its bucket now belongs to another
+        shard; None for any other view."""
+        moved = self.released.get(view_id)
+        return moved if moved is not None and not self.owns(moved[0]) else None
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"buckets": self.handoffs, "views": self.released},
+                                  indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
 
     def misdirected(self, bucket: str) -> dict:
         """The fields of a 421 answer about ``bucket``: its owner, the owner's URLs, the map."""

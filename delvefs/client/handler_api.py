@@ -19,7 +19,8 @@ Given a shard map instead (``NAME=URL,...``, delvefs/shared/shards.py), a client
 request to the shard that owns its bucket (a view's requests: the bucket it was registered
 with), each shard with its own failover; a registration or proofs of several shards' buckets
 are split. A shard answering 421 "misdirected" sends its map along: the client takes it and
-sends the request again, to the owner.
+sends the request again, to the owner. A change stream ended by the ``moved`` event (its
+bucket was handed to another shard) is followed the same way (:meth:`SyncHandlerClient.follow`).
 
 Listings and changes are requested as msgpack, other answers as JSON. Errors:
 :class:`HandlerUnavailable` (cannot reach it / 5xx, e.g. 503 "scanning"), :class:`Resync`
@@ -251,13 +252,24 @@ class HandlerOperations:
             if name not in self.failovers or self.failovers[name].urls != urls:
                 self.failovers[name] = Failover(urls)
 
+    def _reroute(self, exc: Misdirected, request: ApiRequest, shard: str) -> None:
+        """After ``request`` sent to ``shard`` was answered ``exc``: take its map, unless
+        the request's owner changed meanwhile anyway; raises ``exc`` when there is no
+        other owner to send it to."""
+        try:
+            self.learn(exc)
+        except Misdirected:
+            if self.shard_of(request) == shard:
+                raise
+
     def _one(self, request: ApiRequest):
         """The plan of a request to one shard: sent again to the owner a 421 names."""
         for _ in range(self.MAX_REROUTES):
-            outcome = yield self.shard_of(request), request
+            shard = self.shard_of(request)
+            outcome = yield shard, request
             if not isinstance(outcome, Misdirected):
                 return outcome
-            self.learn(outcome)
+            self._reroute(outcome, request, shard)
         raise outcome
 
     def _split(self, items: list, bucket_of, build, merge):
@@ -521,15 +533,27 @@ class SyncHandlerClient(HandlerOperations):
 
     def follow(self, view_id: str, since: int) -> Iterator[dict]:
         """The view's changes after version ``since`` as the handler streams them, until it
-        closes the stream. Raises :class:`Resync`, :class:`HandlerUnavailable` (the stream
-        could not be opened or broke off) or :class:`HandlerError` (refused)."""
-        request = stream_request(view_id, since)
-        resp = self.response(request, stream=True)
-        try:
-            if resp.status_code != 200:
-                raise api_error(request.what, resp.status_code, decoded_body(resp))
-            yield from stream_changes(resp.iter_lines())
-        except httpx.HTTPError as exc:
-            raise unreachable(self.url, exc) from exc
-        finally:
-            resp.close()
+        closes the stream. A stream whose bucket belongs to another shard — a 421 at its
+        start, or the ``moved`` event that ends it when the bucket is handed off — is
+        opened again at the owner, after the last version it gave. Raises :class:`Resync`,
+        :class:`HandlerUnavailable` (the stream could not be opened or broke off) or
+        :class:`HandlerError` (refused; 404 also where the new owner does not know the
+        view yet: its mount registers it there)."""
+        for _ in range(self.MAX_REROUTES):
+            request = stream_request(view_id, since)
+            shard = self.shard_of(request)
+            resp = self.response(request, stream=True)
+            try:
+                if resp.status_code != 200:
+                    raise api_error(request.what, resp.status_code, decoded_body(resp))
+                for change in stream_changes(resp.iter_lines()):
+                    since = max(since, change["v"])
+                    yield change
+                return
+            except Misdirected as exc:
+                self._reroute(exc, request, shard)
+            except httpx.HTTPError as exc:
+                raise unreachable(self.url, exc) from exc
+            finally:
+                resp.close()
+        raise HandlerError(f"{request.what}: its bucket's owner keeps changing", 421, "misdirected")

@@ -268,7 +268,9 @@ def group_status_request(view_id: str, group: str) -> ApiRequest:
 
 def stream_changes(lines: Iterable[str]) -> Iterator[dict]:
     """The changes in the lines of a change stream (server-sent events), in order;
-    raises :class:`Resync` where the handler sends ``event: resync``."""
+    raises :class:`Resync` where the handler sends ``event: resync``, and
+    :class:`Misdirected` (the fields of a 421: the owner, the map) where it sends ``event:
+    moved`` (the view's bucket now belongs to another shard)."""
     event, data = "message", []
     for line in lines:
         if line.startswith("event:"):
@@ -278,6 +280,8 @@ def stream_changes(lines: Iterable[str]) -> Iterator[dict]:
         elif line == "":  # end of one event
             if event == "resync":
                 raise Resync(json.loads("\n".join(data)).get("version") if data else None)
+            if event == "moved":
+                raise api_error("change stream", 421, json.loads("\n".join(data)) if data else {})
             if data:
                 yield json.loads("\n".join(data))
             event, data = "message", []

@@ -1,16 +1,23 @@
 """A view's directory in a mount, as ``delvefs watch`` and the members of a work-queue group
 see it (delvefs/client/watch.py, delvefs/client/workgroup.py): which view it is
-(``user.delvefs.view``), where a key's file shows below it, and how to make the mount catch
-up to a version (``user.delvefs.sync``)."""
+(``user.delvefs.view``), where a key's file shows below it, how to make the mount catch
+up to a version (``user.delvefs.sync``), and how both follow the handler through its
+outages and through a move of the view's bucket to another shard (:class:`ViewFollower`).
+"""
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from .fs.inodes import layout_values, value_dir
+from .handler_api import HandlerError, HandlerUnavailable
+
+log = logging.getLogger("delvefs.client.watch")
 
 VIEW_XATTR = "user.delvefs.view"
 SYNC_XATTR = "user.delvefs.sync"
@@ -53,3 +60,102 @@ def locate(view_dir: Path, view: ViewInfo, rel: str, props: dict | None) -> Path
     if not by:
         return view_dir / rel
     return view_dir.joinpath(*(value_dir(v) for v in layout_values(by, props or {})), rel)
+
+
+def refresh_view(view_dir: Path) -> OSError | None:
+    """Ask the mount to refresh the view now (``user.delvefs.sync`` ``now``): where the
+    handler no longer knows the view, the mount registers its views again — at the new
+    owner, when the view's bucket moved to another shard. None, or the mount's error (the
+    handler could not give the refresh yet: e.g. the new owner's first scan runs)."""
+    try:
+        os.setxattr(view_dir, SYNC_XATTR, b"now")
+    except OSError as exc:
+        return exc
+    return None
+
+
+class ViewFollower:
+    """What ``delvefs watch`` and a group member share: the view of a directory, and
+    asking the handler again until it answers. An outage is said on stderr once, and again
+    when it ends. A view the handler does not know (404) — its bucket was moved to another
+    shard, whose 421 the client followed, or the handler lost its state — is registered
+    again by the mount (:func:`refresh_view`); only a 404 right after the mount refreshed the
+    view is a refusal."""
+
+    def __init__(self, view_dir: Path):
+        self.view_dir = view_dir
+        self.view = ViewInfo.of(view_dir)
+        self.stopping = threading.Event()
+        self.outage: str | None = None  # why the handler does not answer, while it does not
+        self.mount_refreshed = False  # the mount refreshed the view since the handler last answered for it
+
+    def unreachable(self, exc: HandlerError) -> None:
+        """The handler did not answer: said once per outage."""
+        if self.outage is None:
+            if exc.code == "scanning":
+                log.warning("the event handler is still scanning the bucket of view %s (%s "
+                            "objects listed so far): waiting for it", self.view.name,
+                            exc.body.get("listed", "?"))
+            else:
+                log.warning("event handler unreachable (%s): no new files are printed until it "
+                            "answers again; retrying", exc)
+        self.outage = str(exc)
+
+    def answered(self) -> None:
+        if self.outage is not None:
+            log.warning("event handler answers again: catching up on view %s", self.view.name)
+            self.outage = None
+
+    def view_answered(self) -> None:
+        """The handler answered a request about the view itself."""
+        self.mount_refreshed = False
+        self.answered()
+
+    def register_again(self, exc: HandlerError) -> bool:
+        """The handler answered 404 about the view: ask the mount to register it again.
+        True: ask the handler again (after a delay); False: the mount refreshed the view and
+        the handler still does not know it — a refusal."""
+        if self.mount_refreshed:
+            return False
+        if self.outage is None:
+            log.warning("the event handler does not know view %s (%s): its bucket moved to "
+                        "another shard, or the handler lost its state; the mount registers it "
+                        "again", self.view.name, exc)
+        self.outage = str(exc)
+        error = refresh_view(self.view_dir)
+        if error is None:
+            self.mount_refreshed = True
+        else:
+            log.debug("the mount could not refresh view %s yet: %s", self.view.name, error)
+        return True
+
+    def pause(self, delay: float) -> float:
+        """Wait ``delay`` seconds before asking again (raises when the mount is gone or the
+        follower stops); the next delay."""
+        if not self.view_dir.is_dir():
+            raise WatchError(f"{self.view_dir} is gone (unmounted?)")
+        if self.stopping.wait(delay):
+            raise WatchError("stopped")
+        return min(delay * 2, RETRY_MAX)
+
+    def until_answered(self, request, refused: str):
+        """``request()``'s answer, asked again after a growing delay while the handler does
+        not answer or does not know the view yet; a refusal (401, 403, 404) is the user's to
+        fix (``refused``: what was refused)."""
+        delay = 0.1
+        while True:
+            try:
+                answer = request()
+            except HandlerUnavailable as exc:
+                self.unreachable(exc)
+            except HandlerError as exc:
+                if exc.status == 404 and self.register_again(exc):
+                    pass
+                elif exc.status in (401, 403, 404):
+                    raise WatchError(f"handler refused {refused}: {exc}") from None
+                else:
+                    raise
+            else:
+                self.view_answered()
+                return answer
+            delay = self.pause(delay)

@@ -18,6 +18,13 @@ after the last version seen (``Last-Event-ID``), and when the handler answers
 only keys not present before are printed — so no file is printed twice or missed,
 also when the handler restarts meanwhile.
 
+When the view's bucket moves to another shard (``delvefs shards move``), the old owner
+ends the stream with a ``moved`` event naming the new owner; watch opens it there. The new
+owner does not know the view until the mount registers it there, so watch asks the mount
+to (``setxattr user.delvefs.sync now``), and goes on after the new owner's first scan:
+its versions are its own, so it answers ``resync``, and watch lists the view again and
+prints the files that appeared meanwhile — none missed, none twice.
+
 While the handler does not answer, watch says so on stderr, once ("event handler
 unreachable ..."), and again when it answers ("... answers again"); stdout stays the list
 of paths. (The mount meanwhile serves its last listing: ``user.delvefs.stale``.)
@@ -28,32 +35,28 @@ import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from ..shared.config import handler_token
 from .fs.inodes import layout_values, relative_path, unshowable_values
 from .handler_api import HandlerError, HandlerUnavailable, Resync, SyncHandlerClient
-from .viewdir import RETRY_MAX, SYNC_XATTR, ViewInfo, WatchError, locate
+from .viewdir import SYNC_XATTR, ViewFollower, WatchError, locate, log
 from .workgroup import GroupMember
 
-log = logging.getLogger("delvefs.client.watch")
 PAGE = 5000
 # longer than the handler's keepalives on the change stream (every 15 s)
 STREAM_READ_TIMEOUT = 45.0
 
 
-class Watcher:
+class Watcher(ViewFollower):
     def __init__(self, view_dir: Path, out, *, token: str | None):
-        self.view_dir = view_dir
-        self.view = ViewInfo.of(view_dir)
+        super().__init__(view_dir)
         self.out = out
         self.handler = SyncHandlerClient(self.view.handler, token, timeout=STREAM_READ_TIMEOUT)
         if self.view.bucket:
             self.handler.know_view(self.view.id, self.view.bucket)
         self.present: set[str] = set()
         self.version = 0
-        self.outage: str | None = None  # why the handler does not answer, while it does not
 
     # --- state ---------------------------------------------------------------------------
 
@@ -96,50 +99,20 @@ class Watcher:
             self.present.add(key)
             self.emit([(key, (change.get("object") or {}).get("properties"))], self.version)
 
-    # --- the handler's outages -----------------------------------------------------------
-
-    def unreachable(self, exc: HandlerError) -> None:
-        """The handler did not answer: said once per outage."""
-        if self.outage is None:
-            if exc.code == "scanning":
-                log.warning("the event handler is still scanning the bucket of view %s (%s "
-                            "objects listed so far): waiting for it", self.view.name,
-                            exc.body.get("listed", "?"))
-            else:
-                log.warning("event handler unreachable (%s): no new files are printed until it "
-                            "answers again; retrying", exc)
-        self.outage = str(exc)
-
-    def answered(self) -> None:
-        if self.outage is not None:
-            log.warning("event handler answers again: catching up on view %s", self.view.name)
-            self.outage = None
-
-    def until_answered(self, request) -> None:
-        """Call ``request`` until the handler answers it (retries after a growing delay)."""
-        delay = 0.1
-        while True:
-            try:
-                request()
-            except HandlerUnavailable as exc:
-                self.unreachable(exc)
-            else:
-                self.answered()
-                return
-            if not self.view_dir.is_dir():
-                raise WatchError(f"{self.view_dir} is gone (unmounted?)")
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX)
-
     # --- the stream ----------------------------------------------------------------------
 
     def follow(self) -> None:
-        """Consume the change stream from ``self.version`` on (raises Resync when the handler asks)."""
+        """Consume the change stream from ``self.version`` on (raises Resync when the handler
+        asks; follows the view's bucket to another shard)."""
         for change in self.handler.follow(self.view.id, self.version):
+            self.mount_refreshed = False
             self.apply(change)
 
+    def relist_until_answered(self, print_new: bool) -> None:
+        self.until_answered(lambda: self.relist(print_new), f"view {self.view.name}")
+
     def run(self, existing: bool) -> None:
-        self.until_answered(lambda: self.relist(print_new=existing))
+        self.relist_until_answered(print_new=existing)
         # Files that appear from now on are printed; scripts may wait for this line.
         log.info("watching %s: %d files present, version %d", self.view_dir, len(self.present), self.version)
         delay = 0.1
@@ -148,19 +121,19 @@ class Watcher:
                 self.follow()
             except Resync:
                 log.warning("handler asked for a resync of view %s: listing it again", self.view.name)
-                self.until_answered(lambda: self.relist(print_new=True))
+                self.relist_until_answered(print_new=True)
                 delay = 0.1
                 continue
             except HandlerUnavailable as exc:
                 self.unreachable(exc)
             except HandlerError as exc:
-                if exc.status in (401, 403, 404):
+                if exc.status == 404 and self.register_again(exc):
+                    pass  # asked again below, once the mount registered the view there
+                elif exc.status in (401, 403, 404):
                     raise WatchError(f"handler refused view {self.view.name}: {exc}") from None
-                log.warning("change stream of %s interrupted (%s); reconnecting", self.view.name, exc)
-            if not self.view_dir.is_dir():
-                raise WatchError(f"{self.view_dir} is gone (unmounted?)")
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX)
+                else:
+                    log.warning("change stream of %s interrupted (%s); reconnecting", self.view.name, exc)
+            delay = self.pause(delay)
             try:
                 # The handler may have been reset: a version it no longer knows is a 410.
                 self.handler.health()

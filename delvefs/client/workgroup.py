@@ -16,12 +16,16 @@ and reports each as done or failed:
 Before a path is printed or a command started, the mount is asked to catch up to the
 file's version (``user.delvefs.sync``), as ``delvefs watch`` does, so the path opens at once.
 The member follows the handler as ``watch`` does (every URL of the mount, standbys
-included; retries while none answers). On SIGTERM or SIGINT it stops its commands and
-leaves the group: the files it held go to the other members, no attempt counted.
+included; retries while none answers). When the view's bucket moves to another shard, the
+member's long poll is answered 421 and sent to the new owner, where the mount registers
+the view again (asked as ``watch`` asks it) and the member joins the group anew: the
+group's bookkeeping stays with the old owner, so the new owner's group starts from the
+files present when the member joins (docs/SEMANTICS.md, "Work-queue groups"). On SIGTERM
+or SIGINT it stops its commands and leaves the group: the files it held go to the other
+members, no attempt counted.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import socket
@@ -32,19 +36,17 @@ from pathlib import Path
 
 from .fs.inodes import relative_path
 from .handler_api import HandlerError, HandlerUnavailable, SyncHandlerClient
-from .viewdir import RETRY_MAX, SYNC_XATTR, ViewInfo, WatchError, locate
+from .viewdir import SYNC_XATTR, ViewFollower, WatchError, locate, log
 
-log = logging.getLogger("delvefs.client.watch")
 CLAIM_WAIT = 20.0  # seconds a claim waits for a file before it is asked again
 
 
-class GroupMember:
+class GroupMember(ViewFollower):
     def __init__(self, view_dir: Path, group: str, out, *, token: str | None, command: str | None,
                  jobs: int = 1, lease: float | None = None, max_failures: int | None = None):
         if jobs < 1:
             raise WatchError("-j must be 1 or more")
-        self.view_dir = view_dir
-        self.view = ViewInfo.of(view_dir)
+        super().__init__(view_dir)
         self.group = group
         self.out = out
         self.command = command
@@ -54,13 +56,14 @@ class GroupMember:
         # long polls on one client; renewals and reports from the other threads on another
         self.claims = SyncHandlerClient(self.view.handler, token, timeout=60)
         self.control = SyncHandlerClient(self.view.handler, token, timeout=30)
+        if self.view.bucket:
+            for client in (self.claims, self.control):
+                client.know_view(self.view.id, self.view.bucket)
         self.control_lock = threading.Lock()
         self.slots = threading.Semaphore(self.jobs)
         self.lease = 60.0
         self.held: dict[str, subprocess.Popen | None] = {}  # keys in flight here (their commands)
         self.held_lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.outage: str | None = None
 
     # --- the handler ---------------------------------------------------------------------------
 
@@ -68,65 +71,44 @@ class GroupMember:
         with self.control_lock:
             return call(*args, **kw)
 
-    def unreachable(self, exc: HandlerError) -> None:
-        if self.outage is None:
-            log.warning("event handler unreachable (%s): retrying", exc)
-        self.outage = str(exc)
-
-    def answered(self) -> None:
-        if self.outage is not None:
-            log.warning("event handler answers again")
-            self.outage = None
-
-    def until_answered(self, request):
-        """``request()``'s answer, asked again after a growing delay while the handler does
-        not answer; a refusal (403, 404 ...) is the user's to fix."""
-        delay = 0.1
-        while True:
-            try:
-                answer = request()
-            except HandlerUnavailable as exc:
-                self.unreachable(exc)
-            except HandlerError as exc:
-                if exc.status in (401, 403):
-                    raise WatchError(f"handler refused group {self.group} of view {self.view.name}: {exc}") from None
-                raise
-            else:
-                self.answered()
-                return answer
-            if not self.view_dir.is_dir():
-                raise WatchError(f"{self.view_dir} is gone (unmounted?)")
-            if self.stopping.wait(delay):
-                raise WatchError("stopped")
-            delay = min(delay * 2, RETRY_MAX)
+    def _join(self, existing: bool) -> dict:
+        return self.claims.group_join(
+            self.view.id, self.group, self.id, existing=existing, lease=self.lease_wanted,
+            max_failures=self.max_failures, client=f"{socket.gethostname()}:{os.getpid()}")
 
     def join(self, existing: bool) -> None:
         try:
-            answer = self.until_answered(lambda: self.claims.group_join(
-                self.view.id, self.group, self.id, existing=existing, lease=self.lease_wanted,
-                max_failures=self.max_failures, client=f"{socket.gethostname()}:{os.getpid()}"))
+            answer = self.until_answered(lambda: self._join(existing), self.refused)
         except HandlerError as exc:
-            raise WatchError(f"handler refused group {self.group} of view {self.view.name}: {exc}") from None
+            raise WatchError(f"handler refused {self.refused}: {exc}") from None
         self.lease = answer["lease"]
 
-    # --- files ---------------------------------------------------------------------------------
+    @property
+    def refused(self) -> str:
+        return f"group {self.group} of view {self.view.name}"
 
     def claim(self, n: int) -> list[dict]:
-        try:
-            return self.until_answered(lambda: self.claims.group_claim(
-                self.view.id, self.group, self.id, n, CLAIM_WAIT))["files"]
-        except HandlerError as exc:
-            if exc.status != 404:
-                raise WatchError(f"claiming files of group {self.group}: {exc}") from None
+        def claim_or_join() -> dict:
+            try:
+                return self.claims.group_claim(self.view.id, self.group, self.id, n, CLAIM_WAIT)
+            except HandlerError as exc:
+                if exc.status != 404:
+                    raise
+            # (a 404 of the join: the handler does not know the view either, e.g. after a move)
             log.warning("the handler does not know group %s (any more): joining it again", self.group)
-            self.join(existing=False)
-            return []
+            self.lease = self._join(existing=False)["lease"]
+            return {"files": []}
+        try:
+            return self.until_answered(claim_or_join, self.refused)["files"]
+        except HandlerError as exc:
+            raise WatchError(f"claiming files of group {self.group}: {exc}") from None
 
     def finish(self, key: str, ok: bool, error: str | None = None) -> None:
         """Report the file's end until the handler has it."""
         try:
             state = self.until_answered(lambda: self._control(
-                self.control.group_done, self.view.id, self.group, self.id, key, ok, error))["state"]
+                self.control.group_done, self.view.id, self.group, self.id, key, ok, error),
+                self.refused)["state"]
         except (HandlerError, WatchError) as exc:
             log.warning("could not report %s as %s: %s", key, "done" if ok else "failed", exc)
             return

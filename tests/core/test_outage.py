@@ -197,6 +197,23 @@ async def test_a_lost_state_rescanning_keeps_the_last_listing_until_the_scan_is_
     assert len(views_log("is stale")) == 1
 
 
+async def test_sync_now_refreshes_within_the_ttl_and_registers_a_view_the_handler_does_not_know(
+        make_world, clock):
+    """``user.delvefs.sync`` ``now``, as ``delvefs watch`` asks it when the handler does not
+    know the view (its bucket moved to another shard, which knows no view of it yet)."""
+    w = await listed_world(make_world, "a")
+    top = await w.path("v")
+    w.handler.lose_state()
+    w.handler.scanning = True           # the new owner's first scan of the bucket
+    w.add("v", "data/b", b"b")
+    with pytest.raises(FsError) as e:   # registered there; no listing until the scan is done
+        await w.fs.setxattr(top.ino, "user.delvefs.sync", b"now")
+    assert e.value.errno == errno.EAGAIN and w.handler.calls["register"] == 2
+    w.handler.scanning = False
+    await w.fs.setxattr(top.ino, "user.delvefs.sync", b"now")  # within the ttl, and the backoff
+    assert sorted(await w.names("v")) == ["a", "b"] and w.handler.calls["register"] == 2
+
+
 async def test_a_first_listing_is_eagain_when_the_scan_outlasts_the_scan_wait(
         make_world, clock, views_log):
     w = make_world(scan_wait=60.0)

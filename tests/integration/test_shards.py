@@ -20,6 +20,7 @@ from eventhandler.devtools import HandlerGroup, spec
 from ..conftest import service_unavailable
 from ..waiting import wait_until
 from .mounts import DELVEFS, Mounts, fuse_available, listdir
+from .test_watch import WatchProcess
 
 pytestmark = pytest.mark.services
 
@@ -55,6 +56,9 @@ class Deployment:
             ensure_bucket(s3, b)
             wire_notifications(s3, b, services.minio.notify_arn)
         self.client = SyncHandlerClient(self.map_text, "test-token", timeout=60)
+        # a client's environment: the map, the token, the services
+        self.env = {**os.environ, **services.env(), "DELVEFS_HANDLER_URL": self.map_text,
+                    "DELVEFS_HANDLER_TOKEN": "test-token"}
 
     def _start(self, name: str, port: int, standby: bool = False):
         try:
@@ -139,9 +143,7 @@ def test_a_shard_answers_421_and_an_outdated_client_follows_it(deployment):
         keys = d.put(bucket_a, "o", 5)
         wait_until(lambda: keys <= d.view_keys(vids[bucket_a], outdated), CATCH_UP, "listed via the owner")
     assert d.client.shard_maps()["c"]["shard"] == "c"
-    env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
-           "DELVEFS_HANDLER_TOKEN": "test-token"}
-    shown = subprocess.run([DELVEFS, "shards", "show"], env=env, capture_output=True, text=True, timeout=60)
+    shown = subprocess.run([DELVEFS, "shards", "show"], env=d.env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     for name, bucket in d.buckets.items():
         assert f"{name}: " in shown.stdout and bucket in shown.stdout
@@ -152,8 +154,7 @@ def test_a_mount_spans_the_shards(deployment, tmp_path):
     if not fuse_available():
         service_unavailable("/dev/fuse or fusermount3 missing")
     d = deployment
-    env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
-           "DELVEFS_HANDLER_TOKEN": "test-token", "DELVEFS_STATE_HOME": str(tmp_path / "state")}
+    env = {**d.env, "DELVEFS_STATE_HOME": str(tmp_path / "state")}
     for b in d.buckets.values():
         d.put(b, "data", 3)
     m = Mounts(tmp_path, env)
@@ -210,45 +211,91 @@ def test_a_killed_shard_fails_over_while_the_others_go_on(deployment):
     assert failures == []
 
 
+def move(d: Deployment, bucket: str, to: str) -> None:
+    """``delvefs shards move BUCKET --to SHARD``, as an operator runs it."""
+    r = subprocess.run([DELVEFS, "shards", "move", bucket, "--to", to], env=d.env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert f"@{bucket}={to}" in r.stdout
+
+
 def test_a_bucket_moved_to_another_shard_keeps_every_object(deployment):
     d = deployment
     vids = d.register()
     bucket = d.buckets["a"]
     before = d.put(bucket, "before")
     wait_until(lambda: d.view_keys(vids[bucket]) == before, CATCH_UP, "listed on shard a")
-    env = {**os.environ, **d.services.env(), "DELVEFS_HANDLER_URL": d.map_text,
-           "DELVEFS_HANDLER_TOKEN": "test-token", "DELVEFS_STATE_HOME": str(d.tmp / "state")}
-    mount = None
-    if fuse_available():  # a mount of the bucket follows it: 421, registered again on c
-        mounts = Mounts(d.tmp, env)
-        mount = mounts.mount(f"""
-            moved:
-              bucket: {bucket}
-              object: "before/*"
-              ttl: 1s
-            """)
-        assert set(listdir(mount / "moved")) == {k.split("/")[1] for k in before}
-    r = subprocess.run([DELVEFS, "shards", "move", bucket, "--to", "c"], env=env,
-                       capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr
-    assert f"@{bucket}=c" in r.stdout
+    move(d, bucket, "c")
     during = d.put(bucket, "during")
-    # shard a lets it go; a client with the old map follows the 421 to c and registers there
+    # shard a lets it go; a client with the old map follows the 421 to c, which does not
+    # know the view until it is registered there
     assert bucket not in d.shard_answer("a")["buckets"]
     with pytest.raises(HandlerError) as gone:
         d.client.list_page(vids[bucket], None)
-    assert gone.value.status == 404  # forgotten on a (a mount registers again: reprove)
+    assert gone.value.status == 404 and d.client.shards.owner(bucket) == "c"
     moved = d.register()
-    assert d.client.shards.owner(bucket) == "c" and moved[bucket] == vids[bucket]
+    assert moved[bucket] == vids[bucket]
     after = d.put(bucket, "after")
     wait_until(lambda: d.view_keys(vids[bucket]) == before | during | after == d.bucket_keys(bucket),
                CATCH_UP, "every object of the moved bucket listed on shard c")
     assert d.shard_answer("c")["buckets"] == sorted([bucket, d.buckets["c"]])
     assert all(d.shard_answer(n)["foreign_events"] == 0 for n in ("b", "c"))
-    if mount is not None:
-        try:
-            d.put(bucket, "before", OBJECTS + 3)  # three more, listed by the mount through shard c
-            wait_until(lambda: len(listdir(mount / "moved")) == OBJECTS + 3, CATCH_UP,
-                       "the mount lists the moved bucket's new objects")
-        finally:
-            mounts.cleanup()
+
+
+def test_a_mount_a_watch_and_a_group_member_follow_a_moved_bucket(deployment, tmp_path):
+    if not fuse_available():
+        service_unavailable("/dev/fuse or fusermount3 missing")
+    d = deployment
+    bucket = d.buckets["a"]
+    before = files(d, bucket, "before")
+    m = Mounts(tmp_path, {**d.env, "DELVEFS_STATE_HOME": str(tmp_path / "state")})
+    watch = member = None
+    try:
+        view_dir = m.mount(f"""
+            moved:
+              bucket: {bucket}
+              object: "data/*"
+              ttl: 1s
+            """) / "moved"
+        wait_until(lambda: set(listdir(view_dir) or ()) == names(before), CATCH_UP,
+                   "the mount lists the bucket on shard a")
+        watch = WatchProcess(view_dir, m.env)
+        member = WatchProcess(view_dir, m.env, "--group", "g", ready="waiting for files")
+        first = files(d, bucket, "first")
+        watch.wait_lines(len(first), "watch prints the files written before the move")
+        move(d, bucket, "c")
+        # written while the mount, watch and member still know shard a: the new owner's
+        # first scan finds them
+        during = files(d, bucket, "during")
+        # the member's long poll was answered 421; it joins the group anew on c
+        wait_until(lambda: any("answers again" in line for line in member.log[1:]), CATCH_UP,
+                   "the group member to join the group on shard c")
+        after = files(d, bucket, "after")
+        everything = before | first | during | after
+        wait_until(lambda: set(listdir(view_dir) or ()) == names(everything), CATCH_UP,
+                   "the mount lists every object of the moved bucket")
+        printed = sorted(str(view_dir / n) for n in names(first | during | after))
+        wait_until(lambda: sorted(watch.lines) == printed, CATCH_UP,
+                   "watch prints every file written since it started, once")
+        wait_until(lambda: {str(view_dir / n) for n in names(after)} <= set(member.lines), CATCH_UP,
+                   "the group member gets the files written after it joined on shard c")
+        assert len(member.lines) == len(set(member.lines))  # none twice
+        assert bucket in d.shard_answer("c")["buckets"] and bucket not in d.shard_answer("a")["buckets"]
+    finally:
+        for p in (watch, member):
+            if p is not None:
+                p.stop()
+        m.cleanup()
+
+
+def files(d: Deployment, bucket: str, name: str, n: int = 5) -> set[str]:
+    """``n`` new objects ``data/NAME-i`` (their keys)."""
+    keys = {f"data/{name}-{i}" for i in range(n)}
+    for k in sorted(keys):
+        d.s3.put_object(Bucket=bucket, Key=k, Body=k.encode())
+    return keys
+
+
+def names(keys: set[str]) -> set[str]:
+    """The names a view of "data/*" shows for ``keys``."""
+    return {k.split("/", 1)[1] for k in keys}

@@ -18,7 +18,7 @@ EVENT_DELAY = 20.0
 class WatchProcess:
     """`delvefs watch` with its stdout collected line by line on a thread."""
 
-    def __init__(self, view_dir, env, *args):
+    def __init__(self, view_dir, env, *args, ready: str = "watching"):
         self.proc = subprocess.Popen([DELVEFS, "watch", str(view_dir), *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
@@ -27,7 +27,8 @@ class WatchProcess:
                         threading.Thread(target=self._read, args=(self.proc.stderr, self.log), daemon=True)]
         for reader in self.readers:
             reader.start()
-        wait_until(lambda: any("watching" in line for line in self.log) or self.proc.poll() is not None,
+        # ready: a line of its log (a group member's: "waiting for files")
+        wait_until(lambda: any(ready in line for line in self.log) or self.proc.poll() is not None,
                    timeout=EVENT_DELAY, what="watch to be ready")
         assert self.proc.poll() is None, self.log
 

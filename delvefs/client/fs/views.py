@@ -352,11 +352,21 @@ class Views:
         """``setxattr(VIEWDIR, "user.delvefs.sync", b"<version>")``: returns once this
         mount's listing of the view includes the handler's changes up to ``version``
         (a delta is fetched now, ignoring ttl and a stale view's backoff, unless the known
-        version is that recent); fails with the refresh's error when the handler gives none."""
+        version is that recent); fails with the refresh's error when the handler gives none.
+        ``b"now"``: whatever version the mount knows, a refresh now — where the view's
+        handler no longer knows it (its bucket moved to another shard), that registers the
+        views again (``delvefs watch`` asks so)."""
+        text = value.decode(errors="replace").strip()
+        if text == "now":
+            r = vs.refreshing or self.start_refresh(vs)
+            await r.done.wait()
+            if r.error is not None:
+                raise FsError(r.error.errno, str(r.error), logged=True)
+            return
         try:
-            version = int(value.decode().strip())
-        except (UnicodeDecodeError, ValueError):
-            raise FsError(errno.EINVAL, "user.delvefs.sync wants a version number") from None
+            version = int(text)
+        except ValueError:
+            raise FsError(errno.EINVAL, "user.delvefs.sync wants a version number (or \"now\")") from None
         for _ in range(2):
             if vs.listed and vs.version >= version:
                 return

@@ -1,0 +1,220 @@
+"""The routes of views and objects (docs/API.md): proofs, registering and unregistering
+views, the registration log, listings, changes (a long poll) and the change stream, and
+object lookups."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import urllib.parse
+
+import orjson
+from aiohttp import web
+
+from rulesets.model import View
+
+from ..auth import GRANTED, valid_bucket
+from ..tracking import bucket_glob_message, bucket_is_glob
+from .common import (DEFAULT_LIMIT, MAX_LIMIT, MAX_VERSION, MAX_VIEW_NAME, MAX_VIEWS, VIEW_ID, ApiError,
+                     float_arg, int_arg, key_arg, log, read_body, reply, version_arg)
+from .core import Routes
+
+
+class ViewRoutes(Routes):
+    async def prove(self, request: web.Request):
+        """Fresh proofs for grants that are about to expire (or were lost)."""
+        body = await read_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "bad_request", 'body must be {"proof": {bucket: URL or [URL, ...]}}')
+        pairs = self.core.proof_urls(body.get("proof"))
+        if not pairs:
+            raise ApiError(400, "bad_request", "no proof in the request")
+        proofs = await self.core.accept_proofs(request["principal"], pairs)
+        for p in proofs:  # a mount renewing its proofs uses its views
+            self.core.engine.touch_covered(request["principal"], p.bucket, p.prefix)
+        log.info("%s renewed its proofs for %s", request["principal"],
+                 ", ".join(sorted({p.bucket for p in proofs})))
+        return reply(request, {"grants": [{"bucket": p.bucket, "prefix": p.prefix, "until": p.until}
+                                          for p in proofs]})
+
+    async def register(self, request: web.Request):
+        principal = request["principal"]
+        body = await read_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("views"), list):
+            raise ApiError(400, "bad_request", 'body must be {"client", "views": [...], "proof": {...}}')
+        if len(body["views"]) > MAX_VIEWS:
+            raise ApiError(400, "bad_request", f"at most {MAX_VIEWS} views in one registration")
+        views, roots = [], []
+        for v in body["views"]:
+            if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not isinstance(v.get("spec"), dict) \
+                    or not 0 < len(v["name"]) <= MAX_VIEW_NAME:
+                raise ApiError(400, "invalid_view", 'each view must be {"name": str (1-255 characters), '
+                               '"spec": {...}}')
+            name, bucket = v["name"], v["spec"].get("bucket")
+            if not isinstance(bucket, str) or not bucket:
+                raise ApiError(400, "invalid_view", f"view {name!r}: spec.bucket must be a bucket name")
+            if bucket_is_glob(bucket):  # before the proof: a glob has no presigned URL
+                raise ApiError(400, "invalid_view", bucket_glob_message(name, bucket))
+            if not valid_bucket(bucket):
+                raise ApiError(400, "invalid_view", f"view {name!r}: {bucket[:80]!r} is no valid bucket name")
+            self.core.owned(bucket)
+            try:  # the root every key of the view starts with: what a proof must cover
+                root = View.from_filter_spec(name, v["spec"]).root
+            except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+                raise ApiError(400, "invalid_view", f"view {name!r}: invalid spec: {exc}") from None
+            views.append((name, v["spec"]))
+            roots.append((bucket, root))
+        await self.core.accept_proofs(principal, self.core.proof_urls(body.get("proof")))
+        for bucket, root in dict.fromkeys(roots):
+            if self.core.grants.status(principal, bucket, root) != GRANTED:
+                raise ApiError(403, "forbidden", f"no valid proof for bucket {bucket!r}, prefix {root!r}: "
+                               "send a presigned ListObjectsV2 URL of that prefix (or of a prefix of "
+                               "it), bound to you, made with your credentials", bucket=bucket)
+        loop = asyncio.get_running_loop()
+        try:
+            out = await loop.run_in_executor(None, functools.partial(self.core.engine.register, views,
+                                                                     principal=principal))
+        except ValueError as exc:
+            raise ApiError(400, "invalid_view", str(exc)) from None
+        log.info("%s (client %r) registered %s", principal, str(body.get("client"))[:200],
+                 [(v["name"], v["id"]) for v in out])
+        for v in out:
+            self.core.registered(v["id"], f"{principal}/{str(body.get('client'))[:200]}")
+        return reply(request, {"views": out})
+
+    async def unregister(self, request: web.Request):
+        """Drop the caller's registration of a view; the view is forgotten with the last one."""
+        vid = request.match_info["id"]
+        if not VIEW_ID.fullmatch(vid):
+            raise ApiError(400, "bad_request", "a view id is 16 lowercase hex digits")
+        forgotten = await asyncio.get_running_loop().run_in_executor(
+            None, self.core.engine.unregister, vid, request["principal"])
+        if forgotten is None:
+            raise ApiError(404, "not_found", f"no view {vid} registered by you")
+        return reply(request, {"id": vid, "forgotten": forgotten})
+
+    async def view_log(self, request: web.Request):
+        """The registration log (registered, unregistered, forgotten), of the views whose
+        bucket and root the caller holds a grant for."""
+        after = int_arg(request, "after", 0, 0, MAX_VERSION)
+        entries = await asyncio.get_running_loop().run_in_executor(None, self.core.engine.view_log, after)
+        principal = request["principal"]
+        readable = [e for e in entries if self.core.grants.status(principal, e["bucket"], e["root"]) == GRANTED]
+        for e in readable:  # who else uses a view is theirs to know
+            if e["principal"] not in (None, principal):
+                e["principal"] = "(another principal)"
+        return reply(request, {"entries": readable})
+
+    async def list_objects(self, request: web.Request):
+        info = self.core.view(request)
+        limit = int_arg(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT, clamp=True)
+        after = request.query.get("after") or None
+        if after is not None:
+            key_arg(after, "after")
+        await self.core.wait_ready(info, float_arg(request, "wait", 30.0, 300.0))
+        if limit <= 200:
+            page = self.core.engine.list_view(info, after, limit)
+        else:
+            page = await asyncio.get_running_loop().run_in_executor(
+                None, self.core.engine.list_view, info, after, limit)
+        return reply(request, page)
+
+    async def changes(self, request: web.Request):
+        info = self.core.view(request)
+        if not request.query.get("since"):
+            raise ApiError(400, "bad_request", "since=V is required (the version of your listing)")
+        since = version_arg(request.query["since"], "since")
+        limit = int_arg(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT, clamp=True)
+        wait = float_arg(request, "wait", 0.0, 60.0)
+        await self.core.wait_ready(info, 30.0 if wait else 0.0)
+        deadline = time.monotonic() + wait
+        grant_end = self.core.grants.until(request["principal"], info.bucket, info.view.root)
+        while True:
+            self.core.owned(info.bucket)  # (woken by a handoff of the bucket: 421)
+            ev = self.core.hub.event(info.bucket)
+            res = await self.core.read_changes(info, since, limit)
+            if res["changes"] or res["more"]:
+                return reply(request, res)
+            # a long poll waits no longer than the grant lasts
+            left = min(deadline - time.monotonic(), grant_end - time.time())
+            if left <= 0:
+                return reply(request, res)
+            since = max(since, res["version"])
+            try:
+                await asyncio.wait_for(ev.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def stream(self, request: web.Request):
+        info = self.core.view(request)
+        principal = request["principal"]
+        since = version_arg(request.headers.get("Last-Event-ID") or request.query.get("since"),
+                         "since (or Last-Event-ID)")
+        await self.core.wait_ready(info, 30.0)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            while True:
+                # the stream lasts as long as the grant (renewed by the client's proofs)
+                left = self.core.grants.until(principal, info.bucket, info.view.root) - time.time()
+                if left <= 0:
+                    return resp
+                if not self.core.serves(info.bucket):  # handed off (which woke this stream)
+                    await resp.write(self.core.moved_event(info.bucket))
+                    return resp
+                ev = self.core.hub.event(info.bucket)
+                try:
+                    res = await self.core.read_changes(info, since, 1000)
+                except ApiError as exc:  # outside the change log
+                    data = orjson.dumps({"version": exc.extra["version"]})
+                    await resp.write(b"event: resync\ndata: " + data + b"\n\n")
+                    return resp
+                if res["changes"]:
+                    out = bytearray()
+                    for ch in res["changes"]:
+                        out += b"id: %d\ndata: " % ch["v"] + orjson.dumps(ch) + b"\n\n"
+                    await resp.write(bytes(out))
+                since = max(since, res["version"])
+                if res["more"]:
+                    continue
+                try:
+                    await asyncio.wait_for(ev.wait(), min(15.0, left))
+                except asyncio.TimeoutError:
+                    await resp.write(b": keepalive\n\n")
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:  # the 200 is sent: end the stream; the client reconnects
+            if self.core.serves(info.bucket):
+                log.exception("change stream of view %s failed", info.id)
+            else:  # the bucket went while its changes were read
+                await resp.write(self.core.moved_event(info.bucket))
+        return resp
+
+    def _object_path(self, request: web.Request) -> tuple[str, str]:
+        """Bucket and key decoded strictly from the raw path (aiohttp keeps undecodable
+        escapes such as %FF as text)."""
+        raw = request.rel_url.raw_path[len("/v1/objects/"):]
+        raw_bucket, _, raw_key = raw.partition("/")
+        try:
+            bucket = urllib.parse.unquote_to_bytes(raw_bucket).decode("utf-8")
+            key = urllib.parse.unquote_to_bytes(raw_key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, "bad_request", "bucket and key must be percent-encoded UTF-8") from None
+        if not valid_bucket(bucket):
+            raise ApiError(400, "bad_request", f"{bucket[:80]!r} is no valid bucket name")
+        return bucket, key_arg(key, "the key")
+
+    async def lookup(self, request: web.Request):
+        bucket, key = self._object_path(request)
+        principal = request["principal"]
+        self.core.owned(bucket)
+        unknown = ApiError(404, "not_found", f"no object {bucket}/{key} known to the handler "
+                           "(or none that you may read)")
+        self.core.authorize(principal, bucket, key, unknown)
+        obj = self.core.engine.lookup(bucket, key)
+        if obj is None:
+            raise unknown
+        by_id = self.core.engine.views_by_id
+        obj["views"] = [vid for vid in obj["views"] if vid in by_id and self.core.readable(principal, by_id[vid])]
+        return reply(request, obj)
