@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from delvefs.devtools.demo.roles import (INPUT_BUCKET, KILLED, OUTPUT_BUCKET, OUTPUT_ROOT, STATS,
+from delvefs.devtools.demo.roles import (INPUT_BUCKET, OUTPUT_BUCKET, OUTPUT_ROOT, STATS, killed_marker,
                                          read_journals, read_key, sample_of)
 from delvefs.shared.s3 import get_object_tags
 
@@ -68,7 +68,7 @@ def test_demo_aligns_every_sample_exactly_once_although_an_aligner_is_killed(ser
     assert set(took) == set(keys)
 
     # the killed aligner: it held a file, which another member took again and published
-    victim = (workdir / "journals" / KILLED).read_text()
+    victim = killed_marker(workdir / "journals", RUN).read_text()
     killed = [e for e in journals[victim] if e["event"] == "killed"]
     assert len(killed) == 1 and journals[victim][-1] == killed[0]
     lost = killed[0]["key"]

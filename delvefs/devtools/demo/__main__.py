@@ -96,15 +96,14 @@ def run(args) -> int:
         from .publisher import publish
         code = publish(args.aligners, args.files, args.reads, args.seed, args.interval, args.timeout,
                        args.backlog, args.run, journals, base / "publisher")
-        if args.kill_at and not killed_as_planned(aligners, journals):
+        if args.kill_at and not killed_as_planned(aligners, roles.killed_marker(journals, args.run)):
             code = 1
         roles.log("demo", "tearing down")
         return code
 
 
-def killed_as_planned(aligners: dict[str, subprocess.Popen], journals: Path) -> bool:
+def killed_as_planned(aligners: dict[str, subprocess.Popen], marker: Path) -> bool:
     """The one aligner that was to be killed died of SIGKILL; the others still run."""
-    marker = journals / roles.KILLED
     victim = marker.read_text() if marker.exists() else None
     if victim is None:
         roles.log("demo", "no aligner reached the file it was to be killed at: nothing was killed")

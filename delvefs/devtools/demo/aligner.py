@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from .genome import make_reference, write_fasta
-from .roles import (DELVEFS, GROUP, KILLED, PUBLISHED_AT, SCRATCH, STATS, aligner_views, journal_of, log,
+from .roles import (DELVEFS, GROUP, PUBLISHED_AT, SCRATCH, STATS, aligner_views, journal_of, killed_marker, log,
                     mounted, read_journal, record, run_of, sample_of)
 
 
@@ -72,8 +72,8 @@ def align(fastq: Path, name: str, index: Path, out: Path, journals: Path, thread
     taken = time.time()
     record(journal, "took", key=key, attempt=attempt, member=os.environ["DELVEFS_GROUP_MEMBER"])
     log(name, f"took {key} (attempt {attempt})")
-    sample = sample_of(key)
-    final = out / run_of(key) / sample
+    run, sample = run_of(key), sample_of(key)
+    final = out / run / sample
     if final.is_dir():
         # an earlier attempt published it and died before its member acknowledged the file
         record(journal, "already", key=key)
@@ -91,7 +91,7 @@ def align(fastq: Path, name: str, index: Path, out: Path, journals: Path, thread
              "taken_after_ms": round((taken - published_at) * 1000),
              "bowtie2": bowtie2.stderr.strip().splitlines()}
     (scratch / STATS).write_text(json.dumps(stats, indent=1) + "\n")
-    if kill_at and took_count(journal) == kill_at and first_to_die(journals, name):
+    if kill_at and took_count(journal, run) == kill_at and first_to_die(killed_marker(journals, run), name):
         record(journal, "killed", key=key)
         log(name, f"SIGKILL to the whole aligner while it holds {key} ({sample}.sam and {STATS} "
                   f"written into {scratch.name}/, not yet renamed)")
@@ -102,14 +102,15 @@ def align(fastq: Path, name: str, index: Path, out: Path, journals: Path, thread
     return 0
 
 
-def took_count(journal: Path) -> int:
-    return sum(1 for e in read_journal(journal) if e["event"] == "took")
+def took_count(journal: Path, run: str) -> int:
+    """Files of ``run`` this aligner took, this one included."""
+    return sum(1 for e in read_journal(journal) if e["event"] == "took" and run_of(e["key"]) == run)
 
 
-def first_to_die(journals: Path, name: str) -> bool:
-    """Whether this aligner is the pool's one to be killed (the first to ask)."""
+def first_to_die(marker: Path, name: str) -> bool:
+    """Whether this aligner is the one of the pool to be killed (the first to ask)."""
     try:
-        fd = os.open(journals / KILLED, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
     os.write(fd, name.encode())

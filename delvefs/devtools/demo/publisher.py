@@ -16,14 +16,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...shared import s3 as s3api
 from ...shared.config import handler_token, handler_url
 from .genome import AlignmentScore, make_reference, score_sam, simulate_reads
-from .roles import (DELVEFS, GROUP, INPUT_BUCKET, KILLED, OUTPUT_BUCKET, OUTPUT_ROOT, PUBLISHED_AT, log,
+from .roles import (DELVEFS, GROUP, INPUT_BUCKET, OUTPUT_BUCKET, OUTPUT_ROOT, PUBLISHED_AT, log,
                     mounted, output_files, read_journals, read_key, results_views, sample_of)
 
 
@@ -133,12 +132,12 @@ def publish(aligners: int, files: int, reads: int, seed: int, interval: float, t
         finally:
             subscriber.close()
         return check_and_report(client, mnt / "aligned", run, keys, uploaded, live, subscriber.first_seen,
-                                read_journals(journals), journals, group, elapsed)
+                                read_journals(journals), group, elapsed)
 
 
 def check_and_report(client, view_dir: Path, run: str, keys: list[str], uploaded: dict[str, float],
-                     live: set[str], first_seen: dict, journals: dict[str, list[dict]], journals_dir: Path,
-                     group: dict, elapsed: float) -> int:
+                     live: set[str], first_seen: dict, journals: dict[str, list[dict]], group: dict,
+                     elapsed: float) -> int:
     """Every sample exactly once: in the view, in S3 and in the journals; print the summary."""
     problems: list[str] = []
     samples = sorted(sample_of(k) for k in keys)
@@ -205,7 +204,7 @@ def check_and_report(client, view_dir: Path, run: str, keys: list[str], uploaded
         problems.append(f"{f['key']}: failed in group {GROUP} after {f['attempts']} attempts ({f.get('error')})")
 
     print_summary(reports, samples, attempts, published_by, stats_of, uploaded, live, first_seen, partly,
-                  group, elapsed, killed_marker(journals_dir))
+                  group, elapsed)
     total = AlignmentScore()
     for r in reports.values():
         total += r.score
@@ -216,13 +215,8 @@ def check_and_report(client, view_dir: Path, run: str, keys: list[str], uploaded
     return 1 if problems else 0
 
 
-def killed_marker(journals: Path) -> str | None:
-    marker = journals / KILLED
-    return marker.read_text() if marker.exists() else None
-
-
 def print_summary(reports, samples, attempts, published_by, stats_of, uploaded, live, first_seen, partly,
-                  group, elapsed, killed) -> None:
+                  group, elapsed) -> None:
     print(f"\n{'aligner':<10} {'took':>5} {'published':>10} {'reads':>7} {'aligned %':>10} {'correct %':>10} "
           f"{'align s':>8}  killed holding")
     for name, r in sorted(reports.items()):
@@ -241,9 +235,10 @@ def print_summary(reports, samples, attempts, published_by, stats_of, uploaded, 
         tries = sorted(tries, key=lambda t: t[1])
         if len(tries) > 1:
             print(f"  {key}: " + ", then ".join(f"{name} (attempt {n})" for name, n in tries))
-    if killed:
-        print(f"  {killed} was SIGKILLed holding a file; the group gave the file to another member "
-              "when its lease ran out")
+    for name, r in sorted(reports.items()):
+        if r.killed:
+            print(f"  {name} was SIGKILLed holding {r.killed}; the group gave the file to another member "
+                  "when its lease ran out")
     print(f"whole samples: {len(first_seen) - len(partly)} of {len(samples)} appeared with both files at once "
           f"({len(partly)} partly)")
     print(f"group {GROUP}: {len(group['members'])} live members, done {group['done']}, failed {group['failed']}, "

@@ -25,7 +25,6 @@ SCRATCH = ".tmp-"               # aligned/RUN/.tmp-SAMPLE/: written there, renam
 STATS = "stats.json"
 GROUP = "align"                 # the work-queue group the aligners form on the reads view
 PUBLISHED_AT = "published-at"   # user metadata the publisher stamps on each read file
-KILLED = "killed"               # in the journals directory: the aligner that was killed
 DELVEFS = [sys.executable, "-m", "delvefs"]
 
 
@@ -137,6 +136,11 @@ def read_journal(journal: Path) -> list[dict]:
 
 def read_journals(journals: Path) -> dict[str, list[dict]]:
     return {p.stem: read_journal(p) for p in sorted(journals.glob("*.jsonl"))}
+
+
+def killed_marker(journals: Path, run: str) -> Path:
+    """Names the aligner of the pool that was killed in ``run`` (the first to claim it)."""
+    return journals / f"killed-{run}"
 
 
 # --- init ------------------------------------------------------------------------------------
