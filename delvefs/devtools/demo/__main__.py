@@ -79,6 +79,12 @@ def run(args) -> int:
             env["DELVEFS_HANDLER_URL"] = f"http://{listen}"
             wait_healthy(env["DELVEFS_HANDLER_URL"], handler)
             roles.log("demo", f"event handler on {env['DELVEFS_HANDLER_URL']} (log: {base / 'handler.log'})")
+            # for a look from another shell: `. BASE/handler.env; delvefs status --handler`
+            handler_env = base / "handler.env"
+            handler_env.touch(mode=0o600)
+            handler_env.write_text(f"export DELVEFS_HANDLER_URL={env['DELVEFS_HANDLER_URL']} "
+                                   f"DELVEFS_HANDLER_TOKEN={env['DELVEFS_HANDLER_TOKEN']}\n")
+            roles.log("demo", f"the group from another shell: . {handler_env}; delvefs status --handler")
         roles.init()
         journals = base / "journals"
         aligners = {}
