@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,7 +45,8 @@ class Subscriber:
             sample = Path(line.rstrip("\n")).relative_to(self.view_dir).parts[0]
             if sample in self.first_seen:
                 continue
-            listing = sorted(p.name for p in (self.view_dir / sample).iterdir())
+            directory = self.view_dir / sample
+            listing = sorted(os.listdir(directory)) if directory.is_dir() else []  # a stray file: no sample
             with self.changed:
                 self.first_seen[sample] = (time.time(), listing)
                 self.changed.notify_all()
