@@ -23,6 +23,8 @@ from pathlib import Path
 
 from ..localservices import LocalServices, free_port
 from . import roles
+from .aligner import align, aligner
+from .publisher import publish
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -99,7 +101,6 @@ def run(args) -> int:
             aligners[name] = proc
         # Publishing starts at once: a backlog lands before the group exists (the members'
         # `--existing` covers it), the rest while it runs.
-        from .publisher import publish
         code = publish(args.aligners, args.files, args.reads, args.seed, args.interval, args.timeout,
                        args.backlog, args.run, journals, base / "publisher")
         if args.kill_at and not killed_as_planned(aligners, roles.killed_marker(journals, args.run)):
@@ -197,14 +198,11 @@ def main(argv=None) -> int:
         if args.role == "init":
             return roles.init()
         if args.role == "aligner":
-            from .aligner import aligner
             workdir = Path(args.workdir or f"/tmp/delvefs-demo/{args.name}")
             return aligner(args.name, workdir, args.journals, args.seed, args.lease, args.kill_at, args.threads)
         if args.role == "align":
-            from .aligner import align
             return align(args.fastq, args.aligner, args.index, args.out, args.journals, args.threads,
                          args.kill_at)
-        from .publisher import publish
         return publish(args.aligners, args.files, args.reads, args.seed, args.interval, args.timeout,
                        args.backlog, args.run or default_run(), args.journals, args.workdir)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stopped, and cleaned up on the way out

@@ -131,6 +131,9 @@ def publish(aligners: int, files: int, reads: int, seed: int, interval: float, t
             # the samples are out; their members acknowledge them just after
             group = wait_for_group(lambda g: g["in_flight"] == 0 and g["backlog"] == 0, deadline,
                                    "quiet moment (files in flight or waiting)")
+        except TimeoutError as exc:
+            log("publisher", f"timed out: {exc}")
+            return 1
         finally:
             subscriber.close()
         return check_and_report(client, mnt / "aligned", run, keys, uploaded, live, subscriber.first_seen,
