@@ -68,12 +68,15 @@ def test_minio_publishes_to_the_exchange_the_handler_consumes(compose):
     assert minio["MINIO_ROOT_USER"] == handler["AWS_ACCESS_KEY_ID"]
 
 
+def aligners(compose) -> list[str]:
+    return [n for n in compose["services"] if n.startswith("aligner-")]
+
+
 def test_demo_roles_have_their_environment_and_commands(compose):
     roles = set(build_parser()._subparsers._group_actions[0].choices)
     services = compose["services"]
-    subscribers = [n for n in services if n.startswith("subscriber-")]
-    assert len(subscribers) >= 2
-    for name in ["init", "publisher", *subscribers]:
+    assert len(aligners(compose)) >= 2
+    for name in ["init", "publisher", *aligners(compose)]:
         command = services[name]["command"]
         assert command[:3] == ["python", "-m", "delvefs.devtools.demo"] and command[3] in roles, name
         assert CLIENT_ENV <= set(env_of(services[name])), name
@@ -82,12 +85,38 @@ def test_demo_roles_have_their_environment_and_commands(compose):
     assert env_of(services["publisher"])["DELVEFS_HANDLER_URL"] == f"http://handler:{port}"
 
 
-def test_subscribers_can_mount_fuse(compose):
-    for name, service in compose["services"].items():
-        if name.startswith("subscriber-"):
-            assert any(d.startswith("/dev/fuse") for d in service["devices"]), name
-            assert "SYS_ADMIN" in service["cap_add"], name
-            assert service["depends_on"]["handler"]["condition"] == "service_healthy"
+def test_aligners_and_the_publisher_can_mount_fuse(compose):
+    for name in [*aligners(compose), "publisher"]:
+        service = compose["services"][name]
+        assert any(d.startswith("/dev/fuse") for d in service["devices"]), name
+        assert "SYS_ADMIN" in service["cap_add"], name
+    for name in aligners(compose):
+        assert compose["services"][name]["depends_on"]["handler"]["condition"] == "service_healthy"
+
+
+def test_the_aligners_are_one_group_and_the_publisher_reads_their_journals(compose):
+    """The same role with the same views (one view, one group): the commands differ only
+    in the aligner's name; no share of the reads per worker. The journals volume is shared;
+    an init as PID 1 lets the SIGKILL of an aligner's process group take the aligner."""
+    services = compose["services"]
+    commands = {n: services[n]["command"] for n in aligners(compose)}
+    unnamed = set()
+    for name, command in commands.items():
+        at = command.index("--name")
+        assert command[3] == "aligner" and command[at + 1] == name
+        assert "--worker" not in command
+        unnamed.add(tuple(command[:at] + command[at + 2:]))
+        assert command[command.index("--journals") + 1] == "/journals"
+        assert services[name]["init"] is True, name
+    assert len(unnamed) == 1, unnamed
+    for name in [*aligners(compose), "publisher"]:
+        volumes = services[name]["volumes"]
+        sources = [v["source"] if isinstance(v, dict) else v.split(":")[0] for v in volumes]
+        targets = [v["target"] if isinstance(v, dict) else v.split(":")[1] for v in volumes]
+        assert ("journals", "/journals") in zip(sources, targets), name
+    publisher = services["publisher"]["command"]
+    assert publisher[publisher.index("--journals") + 1] == "/journals"
+    assert publisher[publisher.index("--aligners") + 1] == str(len(commands))
 
 
 def test_volumes_and_health_checks(compose):
@@ -119,10 +148,9 @@ def test_the_documented_command_runs_the_demo_to_its_end(compose):
     assert services["init"].get("restart", "no") == "no"
     publisher = services["publisher"]["depends_on"]
     assert publisher["init"]["condition"] == "service_completed_successfully"
-    for name, service in services.items():
-        if name.startswith("subscriber-"):
-            assert publisher[name]["condition"] == "service_healthy", name
-            assert "healthcheck" in service, name
+    for name in aligners(compose):
+        assert publisher[name]["condition"] == "service_healthy", name
+        assert "healthcheck" in services[name], name
 
 
 def test_dockerignore_keeps_local_state_out_of_the_build_context():
