@@ -217,6 +217,7 @@ class Namespace:
                     replaced = self._written_at(db, dk)
                     if replaced is not None and replaced.opens:  # its descriptors read on
                         await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
+                    await self._keep_for_readers(node, target)
                     # a file S3 never had leaves alone an object of its key (another
                     # writer's, which other views may show)
                     result["local_only"] = not (entry.meta.get("existing") or node.etag)
@@ -254,10 +255,7 @@ class Namespace:
         async with self.uploads.entry_locks(replaced):  # its upload, if one runs, ends first
             if replaced is not None and replaced.opens:  # read through a handle
                 await self.uploads.keep_source(replaced, "replacing (fetching what it lacks)")
-            # descriptors reading the file moved (its old key goes) or the one it replaces
-            await self.reads.keep_for_readers(node)
-            if target is not None and not target.is_dir:
-                await self.reads.keep_for_readers(target)
+            await self._keep_for_readers(node, target)
             try:
                 await self.deletes.settle(db, dk)  # eager: a queued DELETE of dk must go first
                 info = await self.store.copy(
@@ -298,6 +296,13 @@ class Namespace:
                 self.cache.forget(db, dk)
         result["obj"] = {"key": dk, "size": info["size"], "mtime": info["mtime"], "etag": info["etag"]}
         result["tags"] = tags
+
+    async def _keep_for_readers(self, node: File, target: Node | None) -> None:
+        """Descriptors reading the file a rename moves (its old key goes) or the one it
+        replaces read on (``Reads.keep_for_readers``)."""
+        await self.reads.keep_for_readers(node)
+        if target is not None and not target.is_dir:
+            await self.reads.keep_for_readers(target)
 
     def _known_version(self, bucket: str, key: str, target: Node | None) -> tuple[str | None, bool]:
         """The version of ``bucket/key`` S3 holds as far as this mount knows, and whether
