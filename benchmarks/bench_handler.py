@@ -218,8 +218,14 @@ def throughput(svc, h, scenario: str, n: int, objects: int, start: int = 0) -> t
     return bare, hand, n / pub_s
 
 
-def paced_publish(url: str, n: int, rate: float, published: list | None = None):
-    """Publish n MATCH events at `rate`/s; their sequencer is the publish time in ns."""
+def the_object(_i: int) -> str:
+    return "the-object"
+
+
+def paced_publish(url: str, n: int, rate: float, published: list | None = None, *,
+                  bucket: str = "bench", key=the_object):
+    """Publish n events at `rate`/s, event i creating ``key(i)`` with etag ``e{i}`` (by
+    default MATCH events: one object); their sequencer is the publish time in ns."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     base = time.time_ns() + 10**9  # later than every event of the throughput runs
@@ -229,18 +235,18 @@ def paced_publish(url: str, n: int, rate: float, published: list | None = None):
         if d > 0:
             time.sleep(d)  # no spinning: the polling thread needs the GIL
         seq = max(time.time_ns(), base + i)  # the sequencer is the event time, as MinIO's
-        body, headers = make_message("s3:ObjectCreated:Put", "bench", "the-object", seq,
-                                     size=1000, etag=f"e{i}")
+        body, headers = make_message("s3:ObjectCreated:Put", bucket, key(i), seq, size=1000, etag=f"e{i}")
         if published is not None:
             published[i] = time.perf_counter()
         ch.basic_publish("delvefs", "", body, pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, headers={"minio-bucket": "bench"}))
+            content_type="application/json", delivery_mode=2, headers={"minio-bucket": bucket}))
     return conn
 
 
-def publish_times(url: str, n: int, rate: float) -> list[float]:
+def publish_times(url: str, n: int, rate: float, **where) -> list[float]:
+    """When each event was published (time.perf_counter; ``where``: see paced_publish)."""
     published = [0.0] * n
-    paced_publish(url, n, rate, published).close()
+    paced_publish(url, n, rate, published, **where).close()
     return published
 
 
