@@ -172,9 +172,10 @@ def client_process(url: str, token: str, bucket: str, proof: str, views: int, in
 
 
 def run_point(amqp_url: str, handler: HandlerProcess, bucket: str, proof: str, clients: int, *,
-              rate: float, seconds: float, processes: int, tag: str) -> dict:
-    """One point of the curve: ``clients`` clients, ``rate`` events/s for ``seconds``."""
-    views = view_count(clients)
+              rate: float, seconds: float, processes: int, tag: str, views: int | None = None) -> dict:
+    """One point of the curve: ``clients`` clients over ``views`` views (default: one per
+    client up to 100), ``rate`` events/s for ``seconds``."""
+    views = views or view_count(clients)
     n = int(rate * seconds)
     ctx = multiprocessing.get_context("spawn")
     processes = max(1, min(processes, clients))

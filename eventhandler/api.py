@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rulesets.model import View
 
 from . import groups as wg
+from .feed import ChangeFeed, stream_text
 from .auth import (GRANTED, LAPSED, MAX_KEY_BYTES, Authenticator, Grants, Proof, ProofRefused,
                    Unauthorized, parse_proof, valid_bucket)
 from .tracking import SCANNING, bucket_glob_message, bucket_is_glob
@@ -56,10 +57,12 @@ class ApiError(Exception):
 
 
 class Hub:
-    """Wakes waiters of a bucket when the engine committed changes of it."""
+    """Wakes waiters of a bucket when the engine committed changes of it, and the change
+    streams through their feed (eventhandler/feed.py)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, feed: ChangeFeed):
         self.loop = loop
+        self.feed = feed
         self.events: dict[str, asyncio.Event] = {}
 
     def event(self, bucket: str) -> asyncio.Event:
@@ -69,10 +72,11 @@ class Hub:
         return ev
 
     def changed(self, buckets) -> None:  # any thread
-        if self.events:
+        if self.events or self.feed.windows:
             self.loop.call_soon_threadsafe(self._wake, buckets)
 
     def _wake(self, buckets) -> None:
+        self.feed.committed(buckets)
         for b in buckets:
             ev = self.events.pop(b, None)
             if ev is not None:
@@ -183,7 +187,7 @@ class Api:
         return app
 
     async def _startup(self, app) -> None:
-        self.hub = Hub(asyncio.get_running_loop())
+        self.hub = Hub(asyncio.get_running_loop(), ChangeFeed(self.engine))
         self.engine.add_listener(self.hub.changed)
         ca = os.environ.get("AWS_CA_BUNDLE")  # the store's CA, as for the S3 clients
         connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca) if ca else True)
@@ -487,26 +491,26 @@ class Api:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        feed = self.hub.feed
+        feed.open(info.bucket)
         try:
             while True:
                 # the stream lasts as long as the grant (renewed by the client's proofs)
                 left = self.grants.until(principal, info.bucket, info.view.root) - time.time()
                 if left <= 0:
                     return resp
-                ev = self.hub.event(info.bucket)
-                try:
-                    res = await self._changes(info, since, 1000)
+                ev = feed.event(info)
+                try:  # from the feed's memory (shared by the streams), else the store
+                    text, version, more = feed.encoded(info, since, 1000) or self._stream_chunk(info, since)
+                    self._check_since(info, since)  # after the read, as _changes
                 except ApiError as exc:  # outside the change log
                     data = orjson.dumps({"version": exc.extra["version"]})
                     await resp.write(b"event: resync\ndata: " + data + b"\n\n")
                     return resp
-                if res["changes"]:
-                    out = bytearray()
-                    for ch in res["changes"]:
-                        out += b"id: %d\ndata: " % ch["v"] + orjson.dumps(ch) + b"\n\n"
-                    await resp.write(bytes(out))
-                since = max(since, res["version"])
-                if res["more"]:
+                if text:
+                    await resp.write(text)
+                since = max(since, version)
+                if more:
                     continue
                 try:
                     await asyncio.wait_for(ev.wait(), min(15.0, left))
@@ -516,7 +520,13 @@ class Api:
             raise
         except Exception:  # the 200 is sent: end the stream; the client reconnects
             log.exception("change stream of view %s failed", info.id)
+        finally:
+            feed.close(info.bucket)
         return resp
+
+    def _stream_chunk(self, info, since: int) -> tuple[bytes, int, bool]:
+        res = self.engine.changes(info, since, 1000)
+        return stream_text(res["changes"]), res["version"], res["more"]
 
     # ---- work-queue groups (eventhandler/groups.py) ---------------------------------------
 
