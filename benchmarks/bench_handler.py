@@ -49,6 +49,7 @@ import pika
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_handler_profile import bench_views, messages  # noqa: E402
+from benchmarks.bench_handler_shards import cpu_seconds  # noqa: E402
 from benchmarks.broker import publish, wait_depth  # noqa: E402
 from delvefs.devtools.localservices import LocalServices  # noqa: E402
 from delvefs.shared.config import S3Settings  # noqa: E402
@@ -81,15 +82,17 @@ def handled(h: HandlerProcess) -> float:
 
 
 def run_handler(h: HandlerProcess, n: int) -> dict:
-    """Start the handler on its state, time the drain of n messages, stop it."""
+    """Start the handler on its state, time the drain of n messages (and the CPU seconds
+    its process spent on them), stop it."""
     h.start()
     t_first = c_first = None
     while True:
         c = handled(h)
         now = time.perf_counter()
         if t_first is None and c > 0:
-            t_first, c_first = now, c
+            t_first, c_first, cpu_first = now, c, cpu_seconds(h.proc.pid)
         if c >= n:
+            cpu = cpu_seconds(h.proc.pid) - cpu_first
             break
         time.sleep(0.05)
     text = httpx.get(h.url + "/metrics", timeout=5).text
@@ -98,6 +101,7 @@ def run_handler(h: HandlerProcess, n: int) -> dict:
     h.stop()
     dt = now - t_first
     return {"count": n, "seconds": dt, "rate": (n - c_first) / dt if dt > 0 else float("inf"),
+            "cpu_s": cpu * n / max(1, n - c_first),  # as if it had timed the first events too
             "batch": vals.get("delvefs_batch_size_sum", 0) / max(1, vals.get("delvefs_batch_size_count", 1))}
 
 

@@ -67,7 +67,10 @@ def fill(amqp_url: str, handler, start: int, n: int, objects: int) -> dict:
     bare = run_bare(amqp_url, n)
     hand = run_handler(handler, n)  # started on its state, stopped when done
     row = {"from": start, "events": n, "publish_rate": n / published, "bare": bare["rate"],
-           "handler": hand["rate"], "ratio": hand["rate"] / bare["rate"], "load": os.getloadavg()}
+           "handler": hand["rate"], "ratio": hand["rate"] / bare["rate"],
+           # CPU seconds per 100,000 events: what the rates come to when the cores are shared
+           "bare_cpu_100k": bare["cpu_s"] / n * 100_000, "handler_cpu_100k": hand["cpu_s"] / n * 100_000,
+           "load": os.getloadavg()}
     log(f"# chunk {start:,}+{n:,}: {json.dumps(row)}")
     return row
 
@@ -105,10 +108,12 @@ def measure(handler, ids: dict, objects: int, work: Path, env: dict, repeat: int
 
 def tables(chunks: list[dict], points: list[dict]) -> str:
     out = ["| events (objects before → after) | bare pika (events/s) | handler (events/s) | handler / bare "
-           "| target | load average |", "|---|---:|---:|---:|---|---|"]
+           "| target | CPU s per 100,000 events: bare / handler | load average |",
+           "|---|---:|---:|---:|---|---|---|"]
     for c in chunks:
+        cpu = f"{c['bare_cpu_100k']:.1f} / {c['handler_cpu_100k']:.1f}" if "bare_cpu_100k" in c else "—"
         out.append(f"| {c['from']:,} → {c['from'] + c['events']:,} | {c['bare']:,.0f} | {c['handler']:,.0f} "
-                   f"| {c['ratio']:.2f} | ≥ 0.5 | {c['load'][0]:.1f} |")
+                   f"| {c['ratio']:.2f} | ≥ 0.5 | {cpu} | {c['load'][0]:.1f} |")
     out += ["", "| objects | LevelDB (state dir) | bytes per object | restart | 100-file view, median / p90 "
             "| first listing of the 1,000,000-file view (API) | mount: `ls -l` of it, first / again "
             "| mount RSS, idle → listed | load average |",
