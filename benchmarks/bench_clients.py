@@ -94,6 +94,17 @@ def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return next((le for le, count in buckets if count >= q * total), float("nan"))
 
 
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the process's threads spent runnable but waiting for a CPU (schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            pass
+    return total / 1e9
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -212,14 +223,14 @@ def run_point(amqp_url: str, handler: HandlerProcess, bucket: str, proof: str, c
     setup_s = time.perf_counter() - t
     load_before = os.getloadavg()
     pid = handler.proc.pid
-    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    cpu0, t0, wait0 = cpu_seconds(pid), time.perf_counter(), runqueue_wait_s(pid)
     with ctx.Pool(1) as pool:  # its own process: the clients must not wait for it (GIL)
         published = pool.apply(publish_times, (amqp_url, n, rate),
                                {"bucket": bucket, "key": functools.partial(event_key, views, tag)})
     for pipe in pipes:
         pipe.send(("drain", n, 30.0))
     answers = [pipe.recv() for pipe in pipes]
-    cpu1, t1 = cpu_seconds(pid), time.perf_counter()
+    cpu1, t1, wait1 = cpu_seconds(pid), time.perf_counter(), runqueue_wait_s(pid)
     load_after = os.getloadavg()
     # the handler's own part: publish (the sequencer) → batch committed; and its batches
     text = handler.api.metrics()
@@ -253,6 +264,8 @@ def run_point(amqp_url: str, handler: HandlerProcess, bucket: str, proof: str, c
             "committed_p99_ms": 1000 * bucket_quantile(committed, 0.99),
             "batches": batches[-1][1] if batches else 0,
             "handler_cpu_s": cpu1 - cpu0, "window_s": t1 - t0,
+            # runnable, but no core free: the machine's share, not the handler's work
+            "handler_runqueue_wait_s": wait1 - wait0,
             "handler_rss_mib": rss_mib(pid), "handler_peak_rss_mib": peak_rss_mib(pid),
             "client_cpu_s": sum(a["cpu_s"] for a in answers),
             "errors": len(errors), "error_samples": sorted(set(errors))[:10], "missing": missing,
@@ -272,8 +285,9 @@ def table(rows: list[dict]) -> str:
             f"| {r['clients']:,} | {r['views']} | {r['processes']} | {r['events']:,} ({r['published_rate']:.0f}/s) "
             f"| {r['pairs']:,} | {r['p50_ms']:.1f} ms | {r['p99_ms']:.1f} ms | {r['p999_ms']:.1f} ms "
             f"| {r['max_ms']:.0f} ms | ≤ {r['committed_p50_ms']:g} / ≤ {r['committed_p99_ms']:g} ms "
-            f"| {r['handler_cpu_s']:.1f} s in {r['window_s']:.0f} s "
-            f"({r['handler_cpu_s'] / r['window_s']:.0%} of a core) "
+            f"| {r['handler_cpu_s']:.1f} s in {r['window_s']:.0f} s ({r['handler_cpu_s'] / r['window_s']:.0%} of a core"
+            + (f"; {r['handler_runqueue_wait_s']:.0f} s waiting for one" if "handler_runqueue_wait_s" in r else "")
+            + ") "
             f"| {r['handler_rss_mib']:.0f} MiB ({r['handler_peak_rss_mib']:.0f} MiB) | {r['errors']} "
             f"| {r['missing']} | {r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
     return "\n".join(lines)

@@ -75,11 +75,23 @@ def fill(amqp_url: str, handler, start: int, n: int, objects: int) -> dict:
     return row
 
 
-def measure(handler, ids: dict, objects: int, work: Path, env: dict, repeat: int) -> dict:
-    """The figures at ``objects`` objects (the handler stopped; left running)."""
+def fill_running(amqp_url: str, handler, start: int, n: int, objects: int) -> None:
+    """Events start .. start+n into the running handler (no baseline, nothing timed)."""
+    before = handler.metric("delvefs_events_processed_total")
+    for i in range(start, start + n, PUBLISH_BATCH):
+        publish(amqp_url, messages("DB_MATCH", min(PUBLISH_BATCH, start + n - i), objects, BUCKET, start=i))
+    while handler.metric("delvefs_events_processed_total") - before < n:
+        time.sleep(0.5)
+    log(f"# filled {start + n:,} objects")
+
+
+def measure(handler, ids: dict, proof: dict, objects: int, work: Path, env: dict, repeat: int) -> dict:
+    """The figures at ``objects`` objects (the handler left running)."""
+    handler.stop()
     t = time.perf_counter()
     handler.start(timeout=600)
     restart_s = time.perf_counter() - t
+    handler.api.prove(proof)  # grants live in the handler's memory, as a mount renews them
     page = MountSettings().page_size
     t = time.perf_counter()
     _version, listed = handler.api.list_all(ids["million"], limit=page)
@@ -133,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--objects", default="1000000,10000000", help="comma-separated sizes, increasing")
     ap.add_argument("--chunk", type=int, default=1_000_000, help="events published (and drained) at once")
     ap.add_argument("--repeat", type=int, default=30, help="listings of the 100-file view")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false",
+                    help="fill through the running handler only: no bare consumer, no DB_MATCH rates")
     ap.add_argument("--save", metavar="NAME", help="keep the results as results/handler-10m-NAME.json")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.objects.split(",")]
@@ -143,12 +157,14 @@ def main(argv=None) -> int:
         amqp_url = os.environ["DELVEFS_AMQP_URL"]
         conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
         ch = conn.channel()
-        declare(ch, "delvefs", BARE_QUEUE, BARE_QUEUE + ".dead")
-        ch.queue_purge(BARE_QUEUE)  # a copy of an earlier run's events
+        if args.baseline:
+            declare(ch, "delvefs", BARE_QUEUE, BARE_QUEUE + ".dead")
+            ch.queue_purge(BARE_QUEUE)  # a copy of an earlier run's events
         conn.close()
         views = dict(bench_views(BUCKET))
         views.update(hundred={"bucket": BUCKET, "object": HUNDRED}, million={"bucket": BUCKET, "object": MILLION})
-        r = handler.register(views, {BUCKET: presigned_list_url(s3, BUCKET)})
+        proof = {BUCKET: presigned_list_url(s3, BUCKET)}
+        r = handler.register(views, proof)
         r.raise_for_status()
         ids = {v["name"]: v["id"] for v in r.json()["views"]}
         while handler.api.health()["buckets"].get(BUCKET) != "ready":
@@ -158,15 +174,20 @@ def main(argv=None) -> int:
             for size in sizes:
                 while filled < size:
                     n = min(args.chunk, size - filled)
-                    chunks.append(fill(amqp_url, handler, filled, n, sizes[-1]))
+                    if args.baseline:
+                        chunks.append(fill(amqp_url, handler, filled, n, sizes[-1]))
+                        handler.start(timeout=600)
+                    else:
+                        fill_running(amqp_url, handler, filled, n, sizes[-1])
                     filled += n
-                points.append(measure(handler, ids, size, work, env, args.repeat))
+                points.append(measure(handler, ids, proof, size, work, env, args.repeat))
                 out.write_text(json.dumps({"chunks": chunks, "points": points}, indent=2))
         finally:
             out.write_text(json.dumps({"chunks": chunks, "points": points}, indent=2))
-            conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
-            conn.channel().queue_delete(BARE_QUEUE)
-            conn.close()
+            if args.baseline:
+                conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+                conn.channel().queue_delete(BARE_QUEUE)
+                conn.close()
     log(f"results: {out}")
     print(tables(chunks, points))
     return 0
