@@ -85,13 +85,14 @@ def fill_running(amqp_url: str, handler, start: int, n: int, objects: int) -> No
     log(f"# filled {start + n:,} objects")
 
 
-def measure(handler, ids: dict, proof: dict, objects: int, work: Path, env: dict, repeat: int) -> dict:
+def measure(handler, ids: dict, s3, objects: int, work: Path, env: dict, repeat: int) -> dict:
     """The figures at ``objects`` objects (the handler left running)."""
     handler.stop()
     t = time.perf_counter()
     handler.start(timeout=600)
     restart_s = time.perf_counter() - t
-    handler.api.prove(proof)  # grants live in the handler's memory, as a mount renews them
+    # grants live in the handler's memory: a fresh proof, as a mount renews its own
+    handler.api.prove({BUCKET: presigned_list_url(s3, BUCKET)})
     page = MountSettings().page_size
     t = time.perf_counter()
     _version, listed = handler.api.list_all(ids["million"], limit=page)
@@ -163,8 +164,7 @@ def main(argv=None) -> int:
         conn.close()
         views = dict(bench_views(BUCKET))
         views.update(hundred={"bucket": BUCKET, "object": HUNDRED}, million={"bucket": BUCKET, "object": MILLION})
-        proof = {BUCKET: presigned_list_url(s3, BUCKET)}
-        r = handler.register(views, proof)
+        r = handler.register(views, {BUCKET: presigned_list_url(s3, BUCKET)})
         r.raise_for_status()
         ids = {v["name"]: v["id"] for v in r.json()["views"]}
         while handler.api.health()["buckets"].get(BUCKET) != "ready":
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
                     else:
                         fill_running(amqp_url, handler, filled, n, sizes[-1])
                     filled += n
-                points.append(measure(handler, ids, proof, size, work, env, args.repeat))
+                points.append(measure(handler, ids, s3, size, work, env, args.repeat))
                 out.write_text(json.dumps({"chunks": chunks, "points": points}, indent=2))
         finally:
             out.write_text(json.dumps({"chunks": chunks, "points": points}, indent=2))
