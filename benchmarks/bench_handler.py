@@ -49,6 +49,7 @@ import pika
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_handler_profile import bench_views, messages  # noqa: E402
+from benchmarks.bench_handler_shards import cpu_seconds  # noqa: E402
 from benchmarks.broker import publish, wait_depth  # noqa: E402
 from delvefs.devtools.localservices import LocalServices  # noqa: E402
 from delvefs.shared.config import S3Settings  # noqa: E402
@@ -81,15 +82,17 @@ def handled(h: HandlerProcess) -> float:
 
 
 def run_handler(h: HandlerProcess, n: int) -> dict:
-    """Start the handler on its state, time the drain of n messages, stop it."""
+    """Start the handler on its state, time the drain of n messages (and the CPU seconds
+    its process spent on them), stop it."""
     h.start()
     t_first = c_first = None
     while True:
         c = handled(h)
         now = time.perf_counter()
         if t_first is None and c > 0:
-            t_first, c_first = now, c
+            t_first, c_first, cpu_first = now, c, cpu_seconds(h.proc.pid)
         if c >= n:
+            cpu = cpu_seconds(h.proc.pid) - cpu_first
             break
         time.sleep(0.05)
     text = httpx.get(h.url + "/metrics", timeout=5).text
@@ -98,6 +101,7 @@ def run_handler(h: HandlerProcess, n: int) -> dict:
     h.stop()
     dt = now - t_first
     return {"count": n, "seconds": dt, "rate": (n - c_first) / dt if dt > 0 else float("inf"),
+            "cpu_s": cpu * n / max(1, n - c_first),  # as if it had timed the first events too
             "batch": vals.get("delvefs_batch_size_sum", 0) / max(1, vals.get("delvefs_batch_size_count", 1))}
 
 
@@ -218,8 +222,14 @@ def throughput(svc, h, scenario: str, n: int, objects: int, start: int = 0) -> t
     return bare, hand, n / pub_s
 
 
-def paced_publish(url: str, n: int, rate: float, published: list | None = None):
-    """Publish n MATCH events at `rate`/s; their sequencer is the publish time in ns."""
+def the_object(_i: int) -> str:
+    return "the-object"
+
+
+def paced_publish(url: str, n: int, rate: float, published: list | None = None, *,
+                  bucket: str = "bench", key=the_object):
+    """Publish n events at `rate`/s, event i creating ``key(i)`` with etag ``e{i}`` (by
+    default MATCH events: one object); their sequencer is the publish time in ns."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     base = time.time_ns() + 10**9  # later than every event of the throughput runs
@@ -229,18 +239,18 @@ def paced_publish(url: str, n: int, rate: float, published: list | None = None):
         if d > 0:
             time.sleep(d)  # no spinning: the polling thread needs the GIL
         seq = max(time.time_ns(), base + i)  # the sequencer is the event time, as MinIO's
-        body, headers = make_message("s3:ObjectCreated:Put", "bench", "the-object", seq,
-                                     size=1000, etag=f"e{i}")
+        body, headers = make_message("s3:ObjectCreated:Put", bucket, key(i), seq, size=1000, etag=f"e{i}")
         if published is not None:
             published[i] = time.perf_counter()
         ch.basic_publish("delvefs", "", body, pika.BasicProperties(
-            content_type="application/json", delivery_mode=2, headers={"minio-bucket": "bench"}))
+            content_type="application/json", delivery_mode=2, headers={"minio-bucket": bucket}))
     return conn
 
 
-def publish_times(url: str, n: int, rate: float) -> list[float]:
+def publish_times(url: str, n: int, rate: float, **where) -> list[float]:
+    """When each event was published (time.perf_counter; ``where``: see paced_publish)."""
     published = [0.0] * n
-    paced_publish(url, n, rate, published).close()
+    paced_publish(url, n, rate, published, **where).close()
     return published
 
 

@@ -3,8 +3,8 @@ batch, the same batching loop and prefetch as the handler) draining COUNT messag
 
     .venv/bin/python benchmarks/bench_handler_bare.py AMQP_URL QUEUE COUNT [latency]
 
-Prints one JSON line: {"count", "seconds", "rate"} measured from the first message to the
-ack of the last (the same window bench_handler.py measures for the handler); with
+Prints one JSON line: {"count", "seconds", "rate", "cpu_s"} measured from the first message
+to the ack of the last (the same window bench_handler.py measures for the handler); with
 ``latency``, also percentiles of receive time minus the event's sequencer (= publish time).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main(url: str, queue: str, count: int, prefetch: int = 4000, max_batch: int 
         if not buf:
             continue
         if t_first is None:
-            t_first = time.perf_counter()
+            t_first, cpu_first = time.perf_counter(), time.process_time()
         for _tag, _props, body in buf:
             doc = json.loads(body)
             if latency:  # the crafted events' sequencer is their publish time in ns
@@ -53,8 +53,9 @@ def main(url: str, queue: str, count: int, prefetch: int = 4000, max_batch: int 
         done += len(buf)
         buf.clear()
     dt = time.perf_counter() - t_first
+    cpu = time.process_time() - cpu_first
     conn.close()
-    out = {"count": done, "seconds": dt, "rate": done / dt}
+    out = {"count": done, "seconds": dt, "rate": done / dt, "cpu_s": cpu}
     if latency:
         lat.sort()
         out["latency_ms"] = {str(p): lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6

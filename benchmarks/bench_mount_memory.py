@@ -79,6 +79,37 @@ def serve_in_thread(app, port):
     threading.Thread(target=run, daemon=True).start()
 
 
+def mount_and_list(work: Path, env: dict, views_yaml: str, view: str, handler_url: str, *,
+                   expect: int, repeat_ls: int = 2) -> dict:
+    """Mount ``views_yaml`` (against ``handler_url``) in ``work``, ``ls -l`` the view directory
+    ``view`` ``repeat_ls`` times (it must hold ``expect`` files), unmount: the mount's RSS
+    idle and after listing, and each ``ls -l``'s time."""
+    res = {}
+    work.mkdir(parents=True, exist_ok=True)
+    views = work / "views.yaml"
+    views.write_text(views_yaml)
+    mp = work / "mnt"
+    mp.mkdir()
+    subprocess.run([DELVEFS, "mount", str(views), str(mp), "--cache-dir", str(work / "cache"),
+                    "--handler", handler_url], env=env, check=True)
+    try:
+        pid = int(subprocess.run(["pgrep", "-f", f"delvefs mount .* {mp} --foreground"],
+                                 capture_output=True, text=True).stdout.split()[0])
+        res["rss_mounted_mib"] = rss_mib(pid)
+        for i in range(repeat_ls):
+            t0 = time.perf_counter()
+            r = subprocess.run(["ls", "-l", str(mp / view)], stdout=subprocess.PIPE, check=True)
+            dt = time.perf_counter() - t0
+            lines = r.stdout.count(b"\n") - 1
+            res[f"ls_l_{i}_s"] = dt
+            log(f"ls -l #{i}: {dt:.2f} s, {lines} entries, RSS {rss_mib(pid):.0f} MiB")
+        assert lines == expect, lines
+        res["rss_listed_mib"] = rss_mib(pid)
+    finally:
+        subprocess.run([DELVEFS, "umount", str(mp)], env=env)
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--objects", type=int, default=1_000_000)
@@ -92,28 +123,10 @@ def main(argv=None) -> int:
         port = free_port()
         serve_in_thread(synthetic_app(args.objects), port)
         time.sleep(0.5)
-        views = work / "views.yaml"
-        views.write_text(f"syn:\n  bucket: {BUCKET}\n  object: \"files/*\"\n  ttl: 3600s\n")
-        mp = work / "mnt"
-        mp.mkdir()
         env = {**os.environ, "DELVEFS_STATE_HOME": str(work / "state")}
-        subprocess.run([DELVEFS, "mount", str(views), str(mp), "--cache-dir", str(work / "cache"),
-                        "--handler", f"http://127.0.0.1:{port}"], env=env, check=True)
-        try:
-            pid = int(subprocess.run(["pgrep", "-f", f"delvefs mount .* {mp} --foreground"],
-                                     capture_output=True, text=True).stdout.split()[0])
-            res["rss_mounted_mib"] = rss_mib(pid)
-            for i in range(args.repeat_ls):
-                t0 = time.perf_counter()
-                r = subprocess.run(["ls", "-l", str(mp / "syn")], stdout=subprocess.PIPE, check=True)
-                dt = time.perf_counter() - t0
-                lines = r.stdout.count(b"\n") - 1
-                res[f"ls_l_{i}_s"] = dt
-                log(f"ls -l #{i}: {dt:.2f} s, {lines} entries, RSS {rss_mib(pid):.0f} MiB")
-            assert lines == args.objects, lines
-            res["rss_listed_mib"] = rss_mib(pid)
-        finally:
-            subprocess.run([DELVEFS, "umount", str(mp)], env=env)
+        res.update(mount_and_list(work, env, f"syn:\n  bucket: {BUCKET}\n  object: \"files/*\"\n  ttl: 3600s\n",
+                                  "syn", f"http://127.0.0.1:{port}", expect=args.objects,
+                                  repeat_ls=args.repeat_ls))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"mount-memory-{args.objects}.json").write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))

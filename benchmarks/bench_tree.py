@@ -354,10 +354,11 @@ def plot(res: dict, baseline: dict | None, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def services(prefix: str):
-    """The benchmark's setting: local MinIO and RabbitMQ, its bucket (emptied, wired) and a
-    handler, in a work directory: (work, the mounts' environment, an S3 client, the handler)."""
-    with LocalServices(BASE / "services") as svc, tempfile.TemporaryDirectory(prefix=prefix) as d:
+def services(prefix: str, base: Path = BASE):
+    """The benchmark's setting: local MinIO and RabbitMQ (their data in ``base``), its bucket
+    (emptied, wired) and a handler, in a work directory: (work, the mounts' environment, an
+    S3 client, the handler)."""
+    with LocalServices(base / "services") as svc, tempfile.TemporaryDirectory(prefix=prefix) as d:
         work = Path(d)
         env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
                "DELVEFS_HANDLER_TOKEN": "bench"}

@@ -532,23 +532,28 @@ class Engine(EventApplier, Scanner, TagFetcher, FlipScheduler, BatchPublisher):
 
     def changes(self, info: ViewInfo, since: int, limit: int) -> dict:
         """Changes of a view after ``since`` (caller checked since >= floor)."""
-        bs = self.buckets[info.bucket]
-        top = bs.committed
-        slot = info.slot
-        out = []
-        more = False
-        last_v = since
-        names = info.view.layout_by  # None: a view that lists no property values
-        for v, e in self.store.iter_changes(info.bucket, since):
-            if v > top:
-                break
-            if len(out) >= limit:
-                more = True
-                break
-            last_v = v
-            op = r.change_view_op(e, slot)
-            if op == "put":
-                out.append({"v": v, "op": "put", "key": r.change_key(e), "object": r.change_object(e, names)})
-            elif op == "delete":
-                out.append({"v": v, "op": "delete", "key": r.change_key(e), "object": None})
-        return {"version": last_v if more else top, "changes": out, "more": more}
+        top = self.buckets[info.bucket].committed
+        return view_changes(info, self.store.iter_changes(info.bucket, since), since, top, limit)
+
+
+def view_changes(info: ViewInfo, entries, since: int, top: int, limit: int) -> dict:
+    """A view's changes (``GET /v1/views/{id}/changes``) among change log ``entries``
+    ((version, entry), ascending, from after ``since``), up to version ``top``."""
+    slot = info.slot
+    out = []
+    more = False
+    last_v = since
+    names = info.view.layout_by  # None: a view that lists no property values
+    for v, e in entries:
+        if v > top:
+            break
+        if len(out) >= limit:
+            more = True
+            break
+        last_v = v
+        op = r.change_view_op(e, slot)
+        if op == "put":
+            out.append({"v": v, "op": "put", "key": r.change_key(e), "object": r.change_object(e, names)})
+        elif op == "delete":
+            out.append({"v": v, "op": "delete", "key": r.change_key(e), "object": None})
+    return {"version": last_v if more else top, "changes": out, "more": more}

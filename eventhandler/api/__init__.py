@@ -25,6 +25,7 @@ from aiohttp import web
 
 from .. import groups as wg
 from ..auth import Authenticator, Grants
+from ..feed import ChangeFeed
 from .common import MAX_BODY, ApiError, Hub, log, reply
 from .core import ApiCore
 from .groups import GroupRoutes
@@ -71,7 +72,7 @@ class Api:
 
     async def _startup(self, app) -> None:
         core = self.core
-        core.hub = Hub(asyncio.get_running_loop())
+        core.hub = Hub(asyncio.get_running_loop(), ChangeFeed(core.engine))
         core.engine.add_listener(core.hub.changed)
         ca = os.environ.get("AWS_CA_BUNDLE")  # the store's CA, as for the S3 clients
         connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca) if ca else True)

@@ -14,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from ..auth import MAX_KEY_BYTES
+from ..feed import ChangeFeed
 
 log = logging.getLogger("delvefs.eventhandler.api")
 
@@ -36,10 +37,12 @@ class ApiError(Exception):
 
 
 class Hub:
-    """Wakes waiters of a bucket when the engine committed changes of it."""
+    """Wakes waiters of a bucket when the engine committed changes of it, and the change
+    streams through their feed (eventhandler/feed.py)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, feed: ChangeFeed):
         self.loop = loop
+        self.feed = feed
         self.events: dict[str, asyncio.Event] = {}
 
     def event(self, bucket: str) -> asyncio.Event:
@@ -49,14 +52,23 @@ class Hub:
         return ev
 
     def changed(self, buckets) -> None:  # any thread
-        if self.events:
-            self.loop.call_soon_threadsafe(self.wake, buckets)
+        if self.events or self.feed.windows:
+            self.loop.call_soon_threadsafe(self.committed, buckets)
+
+    def committed(self, buckets) -> None:  # the loop's thread
+        self.feed.committed(buckets)
+        self.wake(buckets)
 
     def wake(self, buckets) -> None:  # the loop's thread
         for b in buckets:
             ev = self.events.pop(b, None)
             if ev is not None:
                 ev.set()
+
+    def handed_off(self, bucket: str) -> None:
+        """Every long poll and change stream of ``bucket`` wakes (to answer 421 / end)."""
+        self.wake([bucket])
+        self.feed.wake_all(bucket)
 
 
 def reply(request: web.Request, data, status: int = 200) -> web.Response:

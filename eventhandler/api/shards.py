@@ -51,7 +51,7 @@ class ShardRoutes(Routes):
         self.core.sharding.hand_off(bucket, to)  # from here on: 421 for it, unless it is ours now
         # long polls and change streams of the bucket wake: they answer 421, or end with
         # the "moved" event
-        self.core.hub.wake([bucket])
+        self.core.hub.handed_off(bucket)
         drained = {"unbound": False, "forgotten": []} if to == self.core.shard else \
             await loop.run_in_executor(None, self._release, bucket, to)
         log.warning("%s handed bucket %s from shard %s to shard %s", principal, bucket, was_owner, to)

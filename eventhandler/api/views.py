@@ -14,6 +14,7 @@ from aiohttp import web
 from rulesets.model import View
 
 from ..auth import GRANTED, valid_bucket
+from ..feed import stream_text
 from ..tracking import bucket_glob_message, bucket_is_glob
 from .common import (DEFAULT_LIMIT, MAX_LIMIT, MAX_VERSION, MAX_VIEW_NAME, MAX_VIEWS, VIEW_ID, ApiError,
                      float_arg, int_arg, key_arg, log, read_body, reply, version_arg)
@@ -154,6 +155,8 @@ class ViewRoutes(Routes):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        feed = self.core.hub.feed
+        feed.open(info.bucket)
         try:
             while True:
                 # the stream lasts as long as the grant (renewed by the client's proofs)
@@ -163,20 +166,18 @@ class ViewRoutes(Routes):
                 if not self.core.serves(info.bucket):  # handed off (which woke this stream)
                     await resp.write(self.core.moved_event(info.bucket))
                     return resp
-                ev = self.core.hub.event(info.bucket)
-                try:
-                    res = await self.core.read_changes(info, since, 1000)
+                ev = feed.event(info)
+                try:  # from the feed's memory (shared by the streams), else the store
+                    text, version, more = feed.encoded(info, since, 1000) or self._stream_chunk(info, since)
+                    self.core.check_since(info, since)  # after the read, as read_changes
                 except ApiError as exc:  # outside the change log
                     data = orjson.dumps({"version": exc.extra["version"]})
                     await resp.write(b"event: resync\ndata: " + data + b"\n\n")
                     return resp
-                if res["changes"]:
-                    out = bytearray()
-                    for ch in res["changes"]:
-                        out += b"id: %d\ndata: " % ch["v"] + orjson.dumps(ch) + b"\n\n"
-                    await resp.write(bytes(out))
-                since = max(since, res["version"])
-                if res["more"]:
+                if text:
+                    await resp.write(text)
+                since = max(since, version)
+                if more:
                     continue
                 try:
                     await asyncio.wait_for(ev.wait(), min(15.0, left))
@@ -189,7 +190,13 @@ class ViewRoutes(Routes):
                 log.exception("change stream of view %s failed", info.id)
             else:  # the bucket went while its changes were read
                 await resp.write(self.core.moved_event(info.bucket))
+        finally:
+            feed.close(info.bucket)
         return resp
+
+    def _stream_chunk(self, info, since: int) -> tuple[bytes, int, bool]:
+        res = self.core.engine.changes(info, since, 1000)
+        return stream_text(res["changes"]), res["version"], res["more"]
 
     def _object_path(self, request: web.Request) -> tuple[str, str]:
         """Bucket and key decoded strictly from the raw path (aiohttp keeps undecodable
