@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import threading
@@ -133,10 +132,7 @@ class GroupMember(ViewFollower):
                "DELVEFS_GROUP_MEMBER": self.id}
         try:
             try:
-                # a process group of its own: stopping the member stops the command and
-                # what it started, not only the shell (dash does not exec the last command)
-                proc = subprocess.Popen(["/bin/sh", "-c", line], env=env, stdin=subprocess.DEVNULL,
-                                        start_new_session=True)
+                proc = subprocess.Popen(["/bin/sh", "-c", line], env=env, stdin=subprocess.DEVNULL)
             except OSError as exc:
                 self.finish(f["key"], False, f"could not start the command: {exc}")
                 return
@@ -219,23 +215,15 @@ class GroupMember(ViewFollower):
         with self.held_lock:
             procs = [p for p in self.held.values() if p is not None]
         for proc in procs:
-            signal_group(proc, signal.SIGTERM)
+            proc.terminate()
         for proc in procs:
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
-                signal_group(proc, signal.SIGKILL)
+                proc.kill()
         try:
             self._control(self.control.group_leave, self.view.id, self.group, self.id)
         except HandlerError as exc:
             log.warning("could not leave group %s (%s): its files come back after their leases", self.group, exc)
         self.claims.close()
         self.control.close()
-
-
-def signal_group(proc: subprocess.Popen, sig: int) -> None:
-    """``sig`` to the process group a command was started in (gone already: nothing)."""
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
