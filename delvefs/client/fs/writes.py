@@ -64,7 +64,7 @@ class Writes:
         vs = node.parent.view
         bucket, key = vs.bucket, node.key
         base, size = node.etag, node.size
-        self._orphan_others(bucket, key, node)
+        self._orphan_others(bucket, key)
         entry = self.cache.get(bucket, key)
         if not base and size > 0 and not truncate and not (entry is not None and entry.dirty):
             try:  # a size without a version: ask S3 which version it is
@@ -82,14 +82,15 @@ class Writes:
         self.tree.dirtied(vs, node, entry)
         return entry
 
-    def _orphan_others(self, bucket: str, key: str, node: File | None) -> None:
-        """An entry of the key uploaded while descriptors of another inode still write it
-        (that inode was replaced or removed since) is theirs alone, never the base of
-        ``node``'s writes (``None``: a new file)."""
+    def _orphan_others(self, bucket: str, key: str) -> None:
+        """An entry of the key uploaded while descriptors still write it, all of them of a
+        file replaced or removed since, is theirs alone: never the base of the key's next
+        file."""
         entry = self.cache.get(bucket, key)
-        if entry is not None and not entry.dirty and entry.writers and not any(
-                h.writer and h.entry is entry and h.node is node
-                for h in self.handles.files.values()):
+        if entry is None or entry.dirty or not entry.writers:
+            return
+        writers = [h for h in self.handles.files.values() if h.writer and h.entry is entry]
+        if writers and all(h.node.gone for h in writers):
             self.dirty.orphan(entry)
 
     def _writer(self, node: File, entry: CacheEntry, what: str) -> int:
@@ -126,7 +127,7 @@ class Writes:
             self.table.ref(existing)
             return fh, existing
         implied = self.tree.implied_tags(parent, key)  # layout by properties: tags from its directories
-        self._orphan_others(vs.bucket, key, None)
+        self._orphan_others(vs.bucket, key)
         try:
             entry = self.dirty.take(vs.bucket, key, view=vs.name, base="", truncate=True)
             if implied is not None:
