@@ -76,7 +76,7 @@ class Namespace:
             entry = self.cache.get(bucket, key)
             local_only = entry is not None and entry.dirty and not entry.meta.get("existing") \
                 and not node.etag
-            with contextlib.nullcontext() if local_only else self.tree.leaving(vs, key):
+            with self.tree.leaving(vs, key):  # (a local-only file's mark is its "local" one)
                 if self._written(entry) and entry.opens:  # still read through a handle
                     await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
                 if not local_only:

@@ -53,19 +53,17 @@ class Reads:
     async def open(self, node) -> tuple[int, bool]:
         """A reading handle of ``node`` and whether the kernel may keep pages it cached for
         this inode (``_revalidate`` first)."""
-        vs = node.parent.view
-        entry = self.cache.get(vs.bucket, node.key)
         if not node.gone:
             await self._revalidate(node)
-        elif not (entry is not None and not entry.dirty and entry.etag == node.etag) \
-                and self.handles.reader_of_version(node) is None:
+        elif self._cached_version(node) is None and self.handles.reader_of_version(node) is None:
             # removed (or replaced) after the kernel looked its name up, nothing of it held
             # here: the kernel looks the name up again (ENOENT when it is gone)
-            raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key}: removed: looked up again")
+            raise FsError(errno.ESTALE, f"{node.parent.view.bucket}/{node.key}: removed: "
+                          "looked up again")
         h = FileHandle(node)
         keep = self.tree.serves(node.ino, node.etag)
-        entry = self.cache.get(vs.bucket, node.key)
-        if entry is not None and not entry.dirty and entry.etag and entry.etag == node.etag:
+        entry = self._cached_version(node)
+        if entry is not None:
             # the kernel may serve this descriptor pages of that version without asking:
             # it holds the version's cached bytes from now on (an overwrite replaces the
             # cache's entry, never the one a descriptor holds)
@@ -79,6 +77,13 @@ class Reads:
                 self.tree.served(node.ino, entry.etag)  # its reads bring in pages of it
         fh = self.handles.add_file(h)
         return fh, keep
+
+    def _cached_version(self, node) -> CacheEntry | None:
+        """The cache's clean entry of ``node``'s version, if it has one."""
+        entry = self.cache.get(node.parent.view.bucket, node.key)
+        if entry is not None and not entry.dirty and entry.etag and entry.etag == node.etag:
+            return entry
+        return None
 
     async def _revalidate(self, node) -> None:
         """Before the kernel serves an open anything: whether the node's version is still
