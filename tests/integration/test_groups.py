@@ -21,6 +21,7 @@ from eventhandler.devtools import HandlerGroup
 from ..conftest import service_unavailable
 from ..waiting import wait_until
 from .mounts import DELVEFS, Mounts, fuse_available
+from .test_watch import views
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
@@ -45,16 +46,6 @@ case "$DELVEFS_GROUP_KEY" in
 esac
 echo "$DELVEFS_GROUP_KEY $DELVEFS_GROUP_MEMBER" >> "$log"
 """
-
-
-def views(bucket: str) -> str:
-    return f"""
-    fastq:
-      bucket: {bucket}
-      object: "runs/*.fastq"
-      root: "runs/"
-      ttl: 30s
-    """
 
 
 class Stack:

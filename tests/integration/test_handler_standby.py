@@ -204,6 +204,15 @@ def test_two_handlers_on_different_state_dirs_never_split_the_queue(handlers, se
         pub.close()
 
 
+def publish_waiting(pub, bucket: str, base: int) -> dict:
+    """500 creations published while no handler consumes: key -> ETag."""
+    expected = {}
+    for i in range(500):
+        pub.publish("s3:ObjectCreated:Put", bucket, f"old{i:03d}", base + i, size=i, etag=f"o{i}")
+        expected[f"old{i:03d}"] = f"o{i}"
+    return expected
+
+
 def test_a_queue_of_an_older_handler_is_upgraded_without_losing_a_message(handlers, services, s3, bucket, tmp_path):
     state = tmp_path / "state"
     h = handlers(state)
@@ -219,10 +228,7 @@ def test_a_queue_of_an_older_handler_is_upgraded_without_losing_a_message(handle
         ch.queue_declare(queue, durable=True, arguments={"x-dead-letter-exchange": dead})
         ch.queue_bind(queue, "delvefs")
         base = time.time_ns()
-        expected = {}
-        for i in range(500):  # waiting for the upgraded handler
-            pub.publish("s3:ObjectCreated:Put", bucket, f"old{i:03d}", base + i, size=i, etag=f"o{i}")
-            expected[f"old{i:03d}"] = f"o{i}"
+        expected = publish_waiting(pub, bucket, base)  # waiting for the upgraded handler
 
         during = threading.Thread(target=publish_during_start, args=(services.rabbit.url, bucket, base))
         during.start()
@@ -253,10 +259,7 @@ def test_a_classic_queue_is_moved_to_a_quorum_queue_without_losing_a_message(han
     conn = pika.BlockingConnection(pika.URLParameters(services.rabbit.url))
     try:
         base = time.time_ns()
-        expected = {}
-        for i in range(500):  # waiting in the classic queue
-            pub.publish("s3:ObjectCreated:Put", bucket, f"old{i:03d}", base + i, size=i, etag=f"o{i}")
-            expected[f"old{i:03d}"] = f"o{i}"
+        expected = publish_waiting(pub, bucket, base)  # waiting in the classic queue
         during = threading.Thread(target=publish_during_start, args=(services.rabbit.url, bucket, base))
         during.start()
         h2 = handlers(state, queue=h.queue, args=("--quorum-queue",))
