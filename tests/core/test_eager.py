@@ -595,8 +595,8 @@ async def test_descriptors_reading_a_file_removed_or_replaced_here_read_it_on(ma
 @pytest.mark.parametrize("eager", [False, True])
 async def test_a_file_opened_for_writing_while_its_rename_copies_it_keeps_its_writes(
         make_world, eager):
-    # another process opens the file (looked up before the rename) and writes while the
-    # rename's server-side copy runs: its writes follow the file to its new name
+    # another process opens the file (looked up before the rename) while the rename's
+    # server-side copy runs: the open waits for the rename, its writes land at the new name
     w = make_world(wview(), eager=eager)
     await w.start()
     w.add("v", "data/a", b"0123456789")
@@ -611,11 +611,17 @@ async def test_a_file_opened_for_writing_while_its_rename_copies_it_keeps_its_wr
         await nursery.start(w.fs.run_uploads)
         nursery.start_soon(w.fs.rename, top.ino, "a", top.ino, "b")
         await trio.testing.wait_all_tasks_blocked()
-        fh, _ = await w.fs.open(node.ino, os.O_RDWR)
-        await w.fs.write(fh, 0, b"AB")
-        gate.set()
+        written = trio.Event()
+
+        async def open_and_write():
+            fh, _ = await w.fs.open(node.ino, os.O_RDWR)
+            await w.fs.write(fh, 0, b"AB")
+            await w.close(fh)
+            written.set()
+        nursery.start_soon(open_and_write)
         await trio.testing.wait_all_tasks_blocked()
-        await w.close(fh)
+        gate.set()
+        await written.wait()
         await settle(w)
         nursery.cancel_scope.cancel()
     assert w.obj("v", "data/b")["data"] == b"AB23456789" and w.obj("v", "data/a") is None
@@ -747,3 +753,47 @@ async def test_a_record_written_again_before_its_background_removal_stays(make_w
     w.cache.journal.write(record)                         # ... dirty again before it went
     w.cache.journal.remove_doomed()
     assert os.listdir(w.cache.journal) == [record["file"] + ".json"]
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest.mark.parametrize("what", ["file", "directory"])
+async def test_a_file_opened_for_writing_while_its_rename_deletes_the_old_key_keeps_its_bytes(
+        make_world, eager, what):
+    # the copy is made, the old key's DELETE is under way, and another process opens the
+    # file (O_RDWR: nothing fetched, its missing bytes come from the key it opened): the
+    # open waits for the rename, so its copy is based on the new key, never on the deleted one
+    w = make_world(wview(), eager=eager)
+    w.add("v", "data/d/a", b"0123456789" * 1000)
+    await w.start()
+    top, a = await w.path("v"), await w.path("v/d/a")
+    deleting, go = trio.Event(), trio.Event()
+    delete = w.store.delete
+
+    async def slow_delete(bucket, key):
+        deleting.set()
+        await go.wait()
+        return await delete(bucket, key)
+    w.store.delete = slow_delete
+    async with trio.open_nursery() as uploads:
+        await uploads.start(w.fs.run_uploads)
+        async with trio.open_nursery() as nursery:
+            if what == "file":
+                d = await w.path("v/d")
+                nursery.start_soon(w.fs.rename, d.ino, "a", d.ino, "b")
+            else:
+                nursery.start_soon(w.fs.rename, top.ino, "d", top.ino, "e")
+            await deleting.wait()
+
+            async def open_and_write():
+                fh, _ = await w.fs.open(a.ino, os.O_RDWR)
+                await w.fs.write(fh, 0, b"X")
+                await w.close(fh)
+            nursery.start_soon(open_and_write)
+            await trio.testing.wait_all_tasks_blocked()
+            go.set()
+        await settle(w)
+        uploads.cancel_scope.cancel()
+    new = "data/d/b" if what == "file" else "data/e/a"
+    assert a.key == new
+    assert w.obj("v", new)["data"] == b"X" + (b"0123456789" * 1000)[1:]
+    assert w.obj("v", "data/d/a") is None

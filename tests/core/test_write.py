@@ -607,3 +607,4 @@ async def test_copy_file_range_of_anything_else_lets_the_kernel_copy(make_world)
     assert e.value.errno == errno.EOPNOTSUPP and w.store.wcalls["copy"] == 0
     await w.close(fh_out)
     await w.fs.release(fh_in)
+

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 
 import pytest
+import trio
+from trio.testing import wait_all_tasks_blocked
 
 from delvefs.client.errors import FsError
 
@@ -164,3 +166,65 @@ async def test_a_descriptor_served_from_the_kernels_pages_never_reads_a_newer_ve
     assert await w.read("v/a") == b"new!"
     assert await w.fs.read(fh, 0, 100) == b"old version"
     await w.fs.release(fh)
+
+
+@pytest.mark.parametrize("during", ["open", "first read"])
+@pytest.mark.parametrize("writeback_cache", [False, True])
+async def test_a_change_reported_while_an_open_asks_s3_leaves_the_old_inode_its_version(
+        make_world, mock_clock, writeback_cache, during):
+    # a descriptor reads the old version (from the kernel's pages, or not yet); another open
+    # of the same inode asks S3 (its HEAD, or its first read's GET) and, while it waits, the
+    # handler's change moves the name to a new inode: the old inode keeps its version (no
+    # page drop, no new size) and the waiting descriptor never reads the new version through it
+    w = make_world(view("v", ttl=1), writeback_cache=writeback_cache)
+    w.add("v", "data/a", b"old version")
+    await w.start()
+    if during == "open":
+        assert await w.read("v/a") == b"old version"
+    a = await w.path("v/a")
+    first, keep = await w.fs.open(a.ino, 0)
+    assert keep == (during == "open")               # the kernel serves it the old pages
+    asked, answer = trio.Event(), trio.Event()
+    if during == "open":                            # the open's HEAD waits
+        w.add("v", "data/a", b"new, longer version")
+        head = w.store.head
+
+        async def slow_head(bucket, key):
+            asked.set()
+            await answer.wait()
+            return await head(bucket, key)
+        w.store.head = slow_head
+    else:                                           # the first read's GET waits
+        w.store.gate = answer
+    mock_clock.jump(2)                              # past the ttl: the next open asks S3
+    outcome = {}
+
+    async def second_open():
+        try:
+            fh, _ = await w.fs.open(a.ino, 0)
+            try:
+                outcome["read"] = await w.fs.read(fh, 0, 100)
+            finally:
+                await w.fs.release(fh)
+        except FsError as exc:
+            outcome["errno"] = exc.errno
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second_open)
+        if during == "open":
+            await asked.wait()
+        else:
+            await wait_all_tasks_blocked()
+            w.add("v", "data/a", b"new, longer version")
+            mock_clock.jump(2)
+        b = await w.path("v/a")                     # the handler's change applied meanwhile
+        assert b.ino != a.ino and a.gone
+        answer.set()
+    assert a.size == len(b"old version") and a.ino not in w.notifier.inodes
+    # its own version, or an error (ESTALE: the kernel looks again; EIO: that version is
+    # neither here nor in S3 any more), never the new one
+    assert outcome in ({"errno": errno.ESTALE}, {"errno": errno.EIO}, {"read": b"old version"})
+    if during == "open":
+        assert await w.fs.read(first, 0, 100) == b"old version"
+    await w.fs.release(first)
+    assert await w.read("v/a") == b"new, longer version"

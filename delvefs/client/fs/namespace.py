@@ -76,7 +76,8 @@ class Namespace:
             entry = self.cache.get(bucket, key)
             local_only = entry is not None and entry.dirty and not entry.meta.get("existing") \
                 and not node.etag
-            with self.tree.leaving(vs, key):  # (a local-only file's mark is its "local" one)
+            with self.tree.moving(node), self.tree.leaving(vs, key):
+                # (a local-only file's leaving mark is its "local" one)
                 if self._written(entry) and entry.opens:  # still read through a handle
                     await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
                 if not local_only:
@@ -354,7 +355,7 @@ class Namespace:
             # two views of one bucket showing the same key: the object stays where it is
             raise FsError(errno.EXDEV, f"{sk} is already the object {dst_vs.name}/{name} shows")
         result: dict = {}
-        with self.tree.leaving(src_vs, sk):
+        with self.tree.moving(node), self.tree.leaving(src_vs, sk):
             await self._relocate(node, dst_vs, dk, target, result)
             if node.gone or node.key != sk:
                 return  # changed meanwhile: the next refresh shows what is there
@@ -416,30 +417,32 @@ class Namespace:
                     errors.append(exc)
                     return
             results.append((f, sk, dk, r))
-        async with trio.open_nursery() as nursery:
-            for f, dk in files:
-                nursery.start_soon(one, f, dk)
-        if not errors and not d.gone:
-            self.tree.move(d, dst, name)
-            for f, sk, dk, r in results:
-                self.tree.forget_pending(vs, sk)
-                self._moved_away(vs, sk, r)
-                if r.get("dirty") is not None:
-                    self.tree.dirtied(vs, f, r["dirty"])
-                else:
-                    f.etag, f.size = r["obj"]["etag"], r["obj"]["size"]
-                    self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
-        else:
-            for f, sk, dk, r in results:
-                self.tree.forget_pending(vs, sk)
-                self._moved_away(vs, sk, r)
-                if r.get("dirty") is not None:
-                    e = r["dirty"]
-                    n = self.tree.show_dirty(vs, e, notify=True)
-                    if n is None:
-                        log.warning("rename: %s moved to %s, not shown here", sk, dk)
-                else:
-                    self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
+        # opens for writing of these files wait until the tree shows where they went
+        with self.tree.moving(*(f for f, _dk in files)):
+            async with trio.open_nursery() as nursery:
+                for f, dk in files:
+                    nursery.start_soon(one, f, dk)
+            if not errors and not d.gone:
+                self.tree.move(d, dst, name)
+                for f, sk, dk, r in results:
+                    self.tree.forget_pending(vs, sk)
+                    self._moved_away(vs, sk, r)
+                    if r.get("dirty") is not None:
+                        self.tree.dirtied(vs, f, r["dirty"])
+                    else:
+                        f.etag, f.size = r["obj"]["etag"], r["obj"]["size"]
+                        self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
+            else:
+                for f, sk, dk, r in results:
+                    self.tree.forget_pending(vs, sk)
+                    self._moved_away(vs, sk, r)
+                    if r.get("dirty") is not None:
+                        e = r["dirty"]
+                        n = self.tree.show_dirty(vs, e, notify=True)
+                        if n is None:
+                            log.warning("rename: %s moved to %s, not shown here", sk, dk)
+                    else:
+                        self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
         published = [(dk, r["obj"]["etag"]) for _f, _sk, dk, r in results if "obj" in r]
 
         async def upload(e, dk: str) -> None:

@@ -112,6 +112,8 @@ class Reads:
             return  # deleted: what is cached of the version is all there is
         if info is None:
             return
+        if node.gone:  # the name moved on while S3 was asked: the kernel looks it up again
+            raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
         current = self.tree.object_changed(node, info["size"],
                                            int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
                                            info["etag"])
@@ -156,15 +158,22 @@ class Reads:
             # of an inode the name has left): its reads are of that version or fail, never
             # of a newer one
             exact = node.gone or self.tree.serves(node.ino, node.etag)
-            try:
-                entry, info = await self.cache.fetch(self.store, vs.bucket, node.key, etag=node.etag,
-                                                     size=node.size, ttl=vs.ttl,
-                                                     want=(off, off + size), exact=exact)
-            except StoreError as exc:
-                failure = store_failure(exc, "reading", vs.bucket, node.key)
-                if exact:  # its version is gone (or unreachable): EIO, never another's bytes
-                    failure.errno = errno.EIO
-                raise failure from exc
+            while True:
+                try:
+                    entry, info = await self.cache.fetch(
+                        self.store, vs.bucket, node.key, etag=node.etag, size=node.size,
+                        ttl=vs.ttl, want=(off, off + size), exact=exact)
+                except StoreError as exc:
+                    failure = store_failure(exc, "reading", vs.bucket, node.key)
+                    if exact:  # its version is gone (or unreachable): EIO, never another's bytes
+                        failure.errno = errno.EIO
+                    raise failure from exc
+                if exact or not node.gone or entry.dirty or entry.etag == node.etag:
+                    break
+                # the name moved to another inode while S3 was asked: this inode's pages are
+                # its version's, so is what this handle reads
+                self.cache.release(entry)
+                exact = True
             try:
                 h.fd = os.open(entry.path, os.O_RDONLY)
             except OSError as exc:

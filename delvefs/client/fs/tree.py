@@ -62,6 +62,8 @@ class Tree:
         self.writeback_cache = settings.writeback_cache
         self.local_dirs: set[int] = set()  # inos of mkdir'ed dirs no object lies below yet
         self._served: dict[int, str] = {}  # ino -> ETag whose bytes the kernel may cache
+        # files this mount is moving or removing: ino -> [operations, Event set at the end]
+        self._moving: dict[int, list] = {}
         now_ns = time.time_ns()
         for vs in catalog:
             vs.top = table.new_dir(table.root, vs.name, vs, vs.root, now_ns)
@@ -179,6 +181,33 @@ class Tree:
                 else:
                     vs.overlay[key] = before
 
+    @contextlib.contextmanager
+    def moving(self, *nodes: File):
+        """Around this mount's move (rename) or removal of ``nodes``, until the tree shows
+        its outcome: an open for writing of one of them waits for it (``move_of``), as the
+        bytes its sparse copy lacks come from the key it opened, which the operation
+        deletes."""
+        for n in nodes:
+            m = self._moving.get(n.ino)
+            if m is None:
+                self._moving[n.ino] = [1, trio.Event()]
+            else:
+                m[0] += 1
+        try:
+            yield
+        finally:
+            for n in nodes:
+                m = self._moving[n.ino]
+                m[0] -= 1
+                if m[0] == 0:
+                    del self._moving[n.ino]
+                    m[1].set()
+
+    def move_of(self, node: File) -> trio.Event | None:
+        """The end of a move or removal of ``node`` under way (``moving``), if one is."""
+        m = self._moving.get(node.ino)
+        return None if m is None else m[1]
+
     def forget_pending(self, vs: ViewState, key: str) -> None:
         """The overlay of ``vs`` no longer holds a change of ``key``."""
         vs.overlay.pop(key, None)
@@ -294,8 +323,12 @@ class Tree:
         (its writes must land in its file). Otherwise (the same size, or no writeback
         cache): the same inode, its pages dropped. The kernel's name for a replaced inode
         is dropped, asynchronously (``reader``: the handle that found the new version, which
-        reads it). Returns the file now in the tree."""
-        if node.nlookup and not node.gone and not self.handles.writing(node) and (
+        reads it). Returns the file now in the tree. A file already out of the tree (its
+        name moved to another inode while the caller waited for S3) is left as it is and
+        returned: its inode is the old version's, for the descriptors that read it."""
+        if node.gone:
+            return node
+        if node.nlookup and not self.handles.writing(node) and (
                 self.handles.reading(node, besides=reader) or self.writeback_cache and size != node.size):
             parent, name = node.parent, node.name
             self.table.detach(node)  # stays in the table until the kernel forgets it

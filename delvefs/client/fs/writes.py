@@ -60,7 +60,12 @@ class Writes:
     async def _make_writable(self, node: File, *, truncate: bool) -> CacheEntry:
         """The dirty local copy of ``node``: nothing is downloaded — an existing object
         opened without truncating is a sparse file based on the listed version, whose
-        missing bytes are fetched when read or uploaded (``delvefs.client.fs.dirty``)."""
+        missing bytes are fetched when read or uploaded (``delvefs.client.fs.dirty``).
+        A move or removal of the file under way ends first (``Tree.moving``)."""
+        while (moved := self.tree.move_of(node)) is not None:
+            await moved.wait()
+        if node.gone:
+            raise FsError(errno.ENOENT, f"{node.name}: removed meanwhile")
         vs = node.parent.view
         bucket, key = vs.bucket, node.key
         base, size = node.etag, node.size
