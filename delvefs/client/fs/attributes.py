@@ -66,7 +66,8 @@ class Attributes:
             node = parent.parent or parent
         else:
             check_name(name)
-            await self.views.fresh_for(parent)
+            if self.views.due_for(parent):
+                await self.views.fresh_for(parent)
             node = parent.children.get(name)
             if node is None:
                 return None
@@ -82,7 +83,7 @@ class Attributes:
 
     async def getattr(self, ino: int) -> Node:
         node = self.table.require(ino)
-        if not node.gone:
+        if not node.gone and self.views.due_for(node):
             await self.views.fresh_for(node)
         return node
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Awaitable
 
 import trio
 
@@ -127,14 +128,15 @@ class FileSystem:
     def timeout(self, node: Node) -> float:
         return self.attributes.timeout(node)
 
-    async def lookup(self, parent_ino: int, name: str) -> Node | None:
-        return await self.attributes.lookup(parent_ino, name)
+    # (the most frequent requests return the part's coroutine: no frame of their own)
+    def lookup(self, parent_ino: int, name: str) -> Awaitable[Node | None]:
+        return self.attributes.lookup(parent_ino, name)
 
     def forget(self, items) -> None:
         self.attributes.forget(items)
 
-    async def getattr(self, ino: int) -> Node:
-        return await self.attributes.getattr(ino)
+    def getattr(self, ino: int) -> Awaitable[Node]:
+        return self.attributes.getattr(ino)
 
     def access(self, ino: int, mode: int) -> None:
         self.attributes.access(ino, mode)

@@ -162,13 +162,18 @@ class Views:
             for vs in self.catalog.views:
                 nursery.start_soon(one, vs)
 
+    def due(self, vs: ViewState) -> bool:
+        """Whether ``fresh`` has anything to do for ``vs`` (a view dropped by a reload
+        never has: its open files are served as they are)."""
+        return not (vs.listed and trio.current_time() - vs.fresh_at < vs.ttl or vs.retired)
+
     async def fresh(self, vs: ViewState) -> None:
         """Make ``vs`` recent enough for an operation: list it (first use; its error is
         the operation's) or refresh it after its ttl (waiting at most ``stale_after``, then
         going on with the last listing)."""
+        if not self.due(vs):
+            return
         now = trio.current_time()
-        if vs.listed and now - vs.fresh_at < vs.ttl or vs.retired:
-            return  # (a view dropped by a reload: its open files are served as they are)
         r = vs.refreshing
         if r is None:
             if vs.listed and now < vs.retry_at:
@@ -188,6 +193,12 @@ class Views:
         vs = node.view if node.is_dir else node.parent.view
         if vs is not None:
             await self.fresh(vs)
+
+    def due_for(self, node: Node) -> bool:
+        """Whether ``fresh_for(node)`` has anything to do: checked first by the most
+        frequent requests (lookup, getattr), which then skip its coroutines."""
+        vs = node.view if node.is_dir else node.parent.view
+        return vs is not None and self.due(vs)
 
     def start_refresh(self, vs: ViewState) -> Refresh:
         r = vs.refreshing = Refresh(trio.current_time(), first=not vs.listed)
