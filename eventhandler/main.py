@@ -51,13 +51,12 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import threading
 
 from aiohttp import web
 
 from delvefs.shared import config, logsetup, sdnotify
-from delvefs.shared.quietgc import QuietGC
+from delvefs.shared.quietgc import QuietGC, prompt_gil_handoff
 
 log = logging.getLogger("delvefs.eventhandler")
 
@@ -105,8 +104,7 @@ def run(args) -> int:
     from .standby import StateLock, stand_by
     from .statedb import Store
 
-    # the API thread must not wait 5 ms (the default GIL switch interval) for a busy consumer
-    sys.setswitchinterval(float(os.environ.get("DELVEFS_SWITCH_INTERVAL", "0.0005")))
+    prompt_gil_handoff()  # the API thread must not wait 5 ms for a busy consumer
     state_dir = config.state_dir(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)

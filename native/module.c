@@ -503,14 +503,20 @@ static int now_of(PyObject *arg, double *now)
  * ASK_TAGS_COULD_MATTER, `definite` is the yes/no answer and there are no ids. */
 typedef struct { size_t offset, count, definite; } answer;
 
-/* Answers every object without the GIL. */
+/* Batches of at least this many objects are answered without the GIL. A smaller one
+ * keeps it: giving it up for a few microseconds of work costs a thread that needs it
+ * back (the mount's loop, one object per upload) up to the interpreter's switch interval
+ * whenever another thread is busy. */
+#define GIL_FREE_BATCH 64
+
+/* Answers every object (a big batch without the GIL). */
 static int batch_answer(MatcherObject *self, batch *b, size_t n, double now, question asked,
                         size_t **ids, answer *answers)
 {
     size_t used = 0, cap = 0, room = self->max_group ? self->max_group : 1;
     size_t *out = NULL, *scratch = NULL;
     int failed = 0;
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *released = n >= GIL_FREE_BATCH ? PyEval_SaveThread() : NULL;
     if (asked != ASK_MATCH) failed = !(scratch = malloc(room * sizeof *scratch));
     for (size_t i = 0; i < n && !failed; i++) {
         answer *a = &answers[i];
@@ -540,7 +546,7 @@ static int batch_answer(MatcherObject *self, batch *b, size_t n, double now, que
         used += a->count;
     }
     free(scratch);
-    Py_END_ALLOW_THREADS
+    if (released) PyEval_RestoreThread(released);
     if (failed) {
         free(out);
         PyErr_NoMemory();

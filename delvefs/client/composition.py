@@ -53,6 +53,8 @@ async def serve(settings, views, ready) -> None:
     from .reload import ViewsReloader
     from .status import mount_status
 
+    from ..shared.quietgc import prompt_gil_handoff
+    prompt_gil_handoff()  # the loop must not wait 5 ms for an upload's thread at each syscall
     mountpoint, cache_dir = settings.mountpoint, settings.cache_dir
     client_name = f"{socket.gethostname()}:{os.getpid()}:{mountpoint}"
 

@@ -1,4 +1,5 @@
-"""Keeping Python's garbage collector off the request path (the handler and the mount).
+"""Keeping Python's garbage collector, and its GIL, off the request path (the handler and
+the mount).
 
 A collection walks its generations with the GIL held. With the default thresholds a full
 (generation 2) collection comes whenever the objects promoted since the last one exceed a
@@ -18,7 +19,20 @@ objects measured here) every 10 minutes, instead of unpredictable ones.
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import time
+
+# The GIL switch interval of both processes: a thread that gives the GIL up for a system
+# call (the loop, writing a cache file) gets it back within this long from a busy thread
+# (an upload, a consumer), instead of Python's default 5 ms — on one CPU, 5 ms at every
+# such call while uploads run (measured: an eager untar of 2,450 files, 6.4 s).
+SWITCH_INTERVAL = 0.0005
+
+
+def prompt_gil_handoff() -> None:
+    """Set the switch interval (``DELVEFS_SWITCH_INTERVAL`` seconds overrides it)."""
+    sys.setswitchinterval(float(os.environ.get("DELVEFS_SWITCH_INTERVAL", SWITCH_INTERVAL)))
 
 
 class QuietGC:
