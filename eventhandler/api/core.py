@@ -125,7 +125,9 @@ class ApiCore:
 
     async def accept_proofs(self, principal: str, pairs: list[tuple[str, str]]) -> list[Proof]:
         """Check and fetch each proof; record the grants of those the store answers 200.
-        Raises 403 for the first refused one (the grants of the others are kept)."""
+        Raises 403 for the first refused one (the grants of the others are kept); 503 when
+        none was refused but the store could not be asked about one (busy, unreachable:
+        the client asks again later)."""
         now = time.time()
         proofs = []
         for bucket, url in dict.fromkeys(pairs):
@@ -135,28 +137,34 @@ class ApiCore:
             except ProofRefused as exc:
                 raise ApiError(403, "proof_expired" if exc.expired else "forbidden",
                                f"proof for bucket {bucket!r}: {exc}", bucket=bucket) from None
-        failures = await asyncio.gather(*(self.fetch_proof(p) for p in proofs))
-        for proof, failure in zip(proofs, failures):
-            if failure is None:
+        checks = await asyncio.gather(*(self.fetch_proof(p) for p in proofs))
+        for proof, (refused, why) in zip(proofs, checks):
+            if why is None:
                 self.grants.add(principal, proof.bucket, proof.prefix, proof.until)
-        for proof, failure in zip(proofs, failures):
-            if failure is not None:
-                raise ApiError(403, "forbidden", f"proof for bucket {proof.bucket!r}: {failure}",
+        for proof, (refused, why) in sorted(zip(proofs, checks), key=lambda pc: not pc[1][0]):
+            if refused:
+                raise ApiError(403, "forbidden", f"proof for bucket {proof.bucket!r}: {why}",
+                               bucket=proof.bucket)
+            if why is not None:
+                raise ApiError(503, "proof_unchecked", f"proof for bucket {proof.bucket!r}: {why}",
                                bucket=proof.bucket)
         return proofs
 
-    async def fetch_proof(self, proof: Proof) -> str | None:
-        """None when the store answers the proof with 200, else why not."""
+    async def fetch_proof(self, proof: Proof) -> tuple[bool, str | None]:
+        """(refused, why): (False, None) when the store answers the proof with 200, (True,
+        why) when it answers otherwise, (False, why) when it could not be asked."""
         try:  # encoded=True: the query exactly as signed; never a redirect to elsewhere
             async with self.session.get(yarl.URL(proof.url, encoded=True), allow_redirects=False) as resp:
                 status = resp.status
                 await resp.content.read(65536)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return f"could not be checked with the object store: {type(exc).__name__}: {exc}"
+            return False, f"could not be checked with the object store: {type(exc).__name__}: {exc}"
+        if status >= 500:
+            return False, f"could not be checked: the object store answered HTTP {status}"
         if status != 200:
-            return (f"the object store refused it (HTTP {status}): the credentials that signed it "
-                    f"cannot list prefix {proof.prefix!r}, or it expired")
-        return None
+            return True, (f"the object store refused it (HTTP {status}): the credentials that signed it "
+                          f"cannot list prefix {proof.prefix!r}, or it expired")
+        return False, None
 
     async def wait_ready(self, info, wait: float) -> None:
         if self.engine.view_ready(info):

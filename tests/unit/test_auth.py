@@ -320,3 +320,46 @@ def test_mount_proves_each_views_root_once(tmp_path):
         "other": {"bucket": "bbb", "object": "q/*", "root": ""},  # the handler asks for q/ all the same
     }))
     assert proof_prefixes(load_views(str(views))) == {"aaa": [""], "bbb": ["q/", "x/y/"]}
+
+
+@pytest.mark.parametrize("store, answer", [("unreachable", 503), ("answers 500", 503),
+                                           ("answers 403", 403), ("answers 200", None)])
+def test_a_proof_the_store_could_not_be_asked_about_is_503_never_a_refusal(store, answer):
+    # a registration during a storm (the store busy or down) is asked to come again; only
+    # the store's own refusal is 403
+    import asyncio
+
+    import aiohttp
+
+    from eventhandler.api.common import ApiError
+    from eventhandler.api.core import ApiCore
+
+    class Response:
+        def __init__(self, status):
+            self.status, self.content = status, self
+
+        async def read(self, n):
+            return b""
+
+        async def __aenter__(self):
+            if store == "unreachable":
+                raise aiohttp.ClientConnectionError("connection refused")
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+    class Session:
+        def get(self, url, allow_redirects):
+            return Response(int(store.rsplit(" ", 1)[-1]) if store.startswith("answers") else 0)
+
+    core = ApiCore.__new__(ApiCore)
+    core.s3_endpoint, core.session, core.grants = ENDPOINT, Session(), Grants()
+    url = presign(when=datetime.datetime.now(datetime.timezone.utc))
+    try:
+        asyncio.run(core.accept_proofs("alice", [("data", url)]))
+    except ApiError as exc:
+        assert exc.status == answer and exc.extra["bucket"] == "data"
+    else:
+        assert answer is None
+    assert (core.grants.status("alice", "data", "") == GRANTED) == (answer is None)
