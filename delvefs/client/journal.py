@@ -3,9 +3,12 @@ cache directories.
 
 A dirty file's record (``<cache-dir>/journal/<file>.json``, written by
 ``delvefs.client.fs.dirty``) names its data file under ``<cache-dir>/data``, its bucket,
-key and the version it is based on. Records are written with tmp + rename (never half a
-record) and not fsync'd: they outlive the process, not a kernel crash. A record whose data
-file is missing, or that cannot be parsed, is dropped with a warning when the journal is
+key and the version it is based on. A file's first record is created and written by one
+write(2) (an eager untar journals every file: a tmp file and a rename cost several times
+that); a record written again replaces the old one by tmp + rename (never half a record).
+Not fsync'd: they outlive the process, not a kernel crash. A record whose data file is
+missing, or that cannot be parsed (empty: its mount died between creating and writing it,
+before any byte of its file was accepted), is dropped with a warning when the journal is
 read; a ``.tmp`` left by a mount that died while writing one is removed.
 
 Records of uploaded files are removed by a worker thread in batches (``run_removals``):
@@ -63,13 +66,22 @@ class Journal:
         if self._doomed:  # (only the loop adds to it) written again before its removal
             with self._doomed_lock:
                 self._doomed.discard(final.name)
-        tmp = self.dir / f"{record['file']}.json.{next(self._seq)}.tmp"
+        data = json.dumps(record).encode()
+        tmp = None
         try:
-            with open(tmp, "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, final)
+            try:
+                fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # written again: replaced whole
+                tmp = self.dir / f"{record['file']}.json.{next(self._seq)}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            if tmp is not None:
+                os.replace(tmp, final)
         except OSError as exc:
-            _unlink(tmp)
+            _unlink(tmp if tmp is not None else final)
             raise cache_file_error(exc, f"journal of {record['bucket']}/{record['key']}") from exc
 
     def remove(self, record: dict) -> None:
@@ -163,6 +175,11 @@ def _read_records(directory: Path, usable, what: str) -> list[dict]:
             log.warning("%s record %s unusable (%s): dropped", what, p.name, exc)
             p.unlink()
     return records
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _unlink(path: str | os.PathLike) -> None:

@@ -1,0 +1,31 @@
+"""The journal's records: written whole, read back, the unusable ones dropped."""
+from __future__ import annotations
+
+from delvefs.client.journal import Journal
+
+
+def record(name: str, key: str = "k") -> dict:
+    return {"file": name, "bucket": "b", "key": key, "base": ""}
+
+
+def test_a_first_record_is_one_file_and_a_second_write_replaces_it_whole(tmp_path):
+    j = Journal(tmp_path / "journal", tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f1").write_bytes(b"x")
+    j.write(record("f1"))
+    j.write(record("f1", key="renamed"))
+    assert [r["key"] for r in j.read()] == ["renamed"]
+    assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == ["f1.json"]
+
+
+def test_an_empty_record_left_by_a_mount_killed_while_creating_it_is_dropped(tmp_path):
+    # created, killed before its one write: nothing of its file had been accepted yet
+    j = Journal(tmp_path / "journal", tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    for name in ("f1", "f2"):
+        (tmp_path / "data" / name).write_bytes(b"x")
+    j.write(record("f1"))
+    (tmp_path / "journal" / "f2.json").write_bytes(b"")
+    (tmp_path / "journal" / "f3.json.7.tmp").write_bytes(b"{")
+    assert [r["file"] for r in j.read()] == ["f1"]
+    assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == ["f1.json"]
