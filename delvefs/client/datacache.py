@@ -508,7 +508,7 @@ class DataCache:
         take = not empty and entry is not None and entry.etag is not None
         try:
             if not take:
-                open(path, "xb").close()
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             elif entry.opens > held or entry.fetches:
                 shutil.copyfile(entry.path, path)  # open readers keep their version
             else:
