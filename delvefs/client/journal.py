@@ -72,7 +72,7 @@ class Journal:
             try:
                 fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:  # written again: replaced whole
-                tmp = self.dir / f"{record['file']}.json.{next(self._seq)}.tmp"
+                tmp = self.dir / f"{record['file']}.json{_TMP_TAG}{next(self._seq)}.tmp"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 _write_all(fd, data)
@@ -145,7 +145,7 @@ class PublishJournal:
     def write(self, record: dict) -> None:
         """Blocking. Raises StoreError (the cache disk refused)."""
         final = self.dir / (record["batch"] + ".json")
-        tmp = final.with_suffix(".tmp")
+        tmp = final.with_suffix(f"{_TMP_TAG}tmp")
         try:
             tmp.write_text(json.dumps(record))
             os.replace(tmp, final)
@@ -161,20 +161,40 @@ class PublishJournal:
 def _read_records(directory: Path, usable, what: str) -> list[dict]:
     """The JSON records of ``directory``, oldest first. A record ``usable(record)`` refuses
     (ValueError, KeyError, TypeError) or that cannot be parsed is dropped with a warning; a
-    ``.tmp`` left by a mount that died while writing one is removed."""
+    ``.tmp`` left by a mount that died while writing one is removed (never one this process
+    is writing: its name has the process's tag)."""
     records = []
-    for p in sorted(directory.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+    for p in _oldest_first(directory):
         if not p.name.endswith(".json"):
-            p.unlink()  # a record being written when the mount died
+            if _TMP_TAG not in p.name:
+                _unlink(p)  # a record being written when its mount died
             continue
         try:
             r = json.loads(p.read_text())
             usable(r)
             records.append(r)
+        except FileNotFoundError:
+            continue  # removed meanwhile (its file was uploaded, its batch published)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s record %s unusable (%s): dropped", what, p.name, exc)
-            p.unlink()
+            _unlink(p)
     return records
+
+
+def _oldest_first(directory: Path) -> list[Path]:
+    """The files of ``directory`` by modification time (those removed meanwhile left out)."""
+    dated = []
+    for p in directory.iterdir() if directory.is_dir() else ():
+        try:
+            dated.append((p.stat().st_mtime_ns, p))
+        except FileNotFoundError:
+            pass
+    return [p for _, p in sorted(dated)]
+
+
+# in the names of this process's tmp files: a journal read (at start, by a background
+# task) leaves the ones being written now alone
+_TMP_TAG = f".p{os.getpid()}."
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -251,7 +271,7 @@ def adopt_orphans(directory: str | os.PathLike, others: str | os.PathLike,
             (here / "journal").mkdir(parents=True, exist_ok=True)
             (here / "data").mkdir(parents=True, exist_ok=True)
             moved = 0
-            for p in sorted(journal.iterdir() if journal.is_dir() else (), key=lambda p: p.stat().st_mtime_ns):
+            for p in _oldest_first(journal):
                 if not p.name.endswith(".json"):
                     continue
                 try:

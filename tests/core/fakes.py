@@ -8,6 +8,8 @@ from __future__ import annotations
 import errno
 import hashlib
 
+import trio
+
 from delvefs.client.errors import Changed, StoreError
 from delvefs.client.handler_api import Resync
 
@@ -367,3 +369,16 @@ class RecordingNotifier:
 
     def inode(self, ino):
         self.inodes.append(ino)
+
+
+def held(store, method: str) -> tuple[trio.Event, trio.Event]:
+    """Make ``store.method`` wait: (called, release) — ``called`` is set when a call came,
+    the call goes on once ``release`` is set."""
+    called, release, real = trio.Event(), trio.Event(), getattr(store, method)
+
+    async def waiting(*args, **kw):
+        called.set()
+        await release.wait()
+        return await real(*args, **kw)
+    setattr(store, method, waiting)
+    return called, release

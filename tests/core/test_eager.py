@@ -16,6 +16,7 @@ from delvefs.client.fs.deletes import DeleteQueue
 from delvefs.client.settings import MountSettings
 
 from .conftest import view
+from .fakes import held
 
 pytestmark = pytest.mark.trio
 
@@ -766,14 +767,7 @@ async def test_a_file_opened_for_writing_while_its_rename_deletes_the_old_key_ke
     w.add("v", "data/d/a", b"0123456789" * 1000)
     await w.start()
     top, a = await w.path("v"), await w.path("v/d/a")
-    deleting, go = trio.Event(), trio.Event()
-    delete = w.store.delete
-
-    async def slow_delete(bucket, key):
-        deleting.set()
-        await go.wait()
-        return await delete(bucket, key)
-    w.store.delete = slow_delete
+    deleting, go = held(w.store, "delete")
     async with trio.open_nursery() as uploads:
         await uploads.start(w.fs.run_uploads)
         async with trio.open_nursery() as nursery:

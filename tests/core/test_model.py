@@ -27,7 +27,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 import trio
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st

@@ -11,6 +11,7 @@ from trio.testing import wait_all_tasks_blocked
 from delvefs.client.errors import FsError
 
 from .conftest import view
+from .fakes import held
 
 pytestmark = pytest.mark.trio
 
@@ -184,17 +185,11 @@ async def test_a_change_reported_while_an_open_asks_s3_leaves_the_old_inode_its_
     a = await w.path("v/a")
     first, keep = await w.fs.open(a.ino, 0)
     assert keep == (during == "open")               # the kernel serves it the old pages
-    asked, answer = trio.Event(), trio.Event()
     if during == "open":                            # the open's HEAD waits
         w.add("v", "data/a", b"new, longer version")
-        head = w.store.head
-
-        async def slow_head(bucket, key):
-            asked.set()
-            await answer.wait()
-            return await head(bucket, key)
-        w.store.head = slow_head
+        asked, answer = held(w.store, "head")
     else:                                           # the first read's GET waits
+        asked, answer = trio.Event(), trio.Event()
         w.store.gate = answer
     mock_clock.jump(2)                              # past the ttl: the next open asks S3
     outcome = {}

@@ -29,3 +29,15 @@ def test_an_empty_record_left_by_a_mount_killed_while_creating_it_is_dropped(tmp
     (tmp_path / "journal" / "f3.json.7.tmp").write_bytes(b"{")
     assert [r["file"] for r in j.read()] == ["f1"]
     assert sorted(p.name for p in (tmp_path / "journal").iterdir()) == ["f1.json"]
+
+
+def test_a_read_leaves_this_processs_tmp_files_alone(tmp_path):
+    # a background read (publishes left at start) while a rename writes its record: the
+    # record's tmp file must survive until it is renamed into place
+    from delvefs.client.journal import PublishJournal, _TMP_TAG
+    j = PublishJournal(tmp_path / "publish")
+    mine = tmp_path / "publish" / f"batch1{_TMP_TAG}tmp"
+    mine.write_text("{}")
+    (tmp_path / "publish" / "batch2.p1.tmp").write_text("{}")   # a dead mount's
+    assert j.read() == []
+    assert sorted(p.name for p in (tmp_path / "publish").iterdir()) == [mine.name]
