@@ -791,3 +791,48 @@ async def test_a_file_opened_for_writing_while_its_rename_deletes_the_old_key_ke
     assert a.key == new
     assert w.obj("v", new)["data"] == b"X" + (b"0123456789" * 1000)[1:]
     assert w.obj("v", "data/d/a") is None
+
+
+@pytest.mark.parametrize("op", ["rename", "unlink"])
+async def test_a_file_opened_for_reading_while_its_rename_or_unlink_deletes_the_old_key_is_read_whole(
+        make_world, op):
+    # the operation fetched the bytes of the readers it found, then sends the DELETE; a
+    # reader that opens meanwhile waits for it: the renamed file is read at its new key, a
+    # removed one is looked up again (ENOENT) — never EIO for bytes deleted under it
+    w = make_world(wview())
+    w.add("v", "data/a", b"0123456789" * 1000)
+    await w.start()
+    top, a = await w.path("v"), await w.path("v/a")
+    deleting, go = held(w.store, "delete")
+    done, outcome = trio.Event(), {}
+
+    async def operation():
+        if op == "rename":
+            await w.fs.rename(top.ino, "a", top.ino, "b")
+        else:
+            await w.fs.unlink(top.ino, "a")
+        done.set()
+
+    async def open_then_read():
+        try:
+            fh, _ = await w.fs.open(a.ino, os.O_RDONLY)
+        except FsError as exc:
+            outcome["open"] = exc.errno
+            return
+        await done.wait()                           # its first read after the DELETE
+        try:
+            outcome["read"] = await w.fs.read(fh, 0, 1 << 20)
+        except FsError as exc:
+            outcome["read"] = exc.errno
+        finally:
+            await w.fs.release(fh)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(operation)
+        await deleting.wait()
+        nursery.start_soon(open_then_read)
+        await trio.testing.wait_all_tasks_blocked()
+        go.set()
+    if op == "rename":
+        assert outcome == {"read": b"0123456789" * 1000} and a.key == "data/b"
+    else:
+        assert outcome == {"open": errno.ESTALE} and await w.path("v/a") is None

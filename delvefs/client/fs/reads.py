@@ -52,7 +52,11 @@ class Reads:
 
     async def open(self, node) -> tuple[int, bool]:
         """A reading handle of ``node`` and whether the kernel may keep pages it cached for
-        this inode (``_revalidate`` first)."""
+        this inode (``_revalidate`` first). A rename or removal of the file under way ends
+        first: it fetched the bytes of the readers it found (``keep_for_readers``) before
+        deleting the object; a reader opened meanwhile would find neither."""
+        while (moved := self.tree.move_of(node)) is not None:
+            await moved.wait()
         if not node.gone:
             await self._revalidate(node)
         elif self._cached_version(node) is None and self.handles.reader_of_version(node) is None:

@@ -184,9 +184,9 @@ class Tree:
     @contextlib.contextmanager
     def moving(self, *nodes: File):
         """Around this mount's move (rename) or removal of ``nodes``, until the tree shows
-        its outcome: an open for writing of one of them waits for it (``move_of``), as the
-        bytes its sparse copy lacks come from the key it opened, which the operation
-        deletes."""
+        its outcome: an open of one of them waits for it (``move_of``), as the bytes it
+        lacks would come from the key it opened, which the operation deletes (the
+        operation fetched them for the descriptors open when it began)."""
         for n in nodes:
             m = self._moving.get(n.ino)
             if m is None:
