@@ -113,7 +113,34 @@ def read_through_an_open_descriptor_after_a_truncating_rewrite(d: str) -> list:
     return steps + [("read", attempt(_read, f))]
 
 
+def _append(f: str, data: bytes) -> None:
+    fd = os.open(f, os.O_WRONLY | os.O_APPEND)
+    try:
+        write_all(fd, data, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def recreate_while_an_unlinked_descriptor_writes(d: str) -> list:
+    """A descriptor of a file unlinked while open keeps writing while the name gets a new
+    file (created, appended to); the old descriptor's close must leave the new file alone
+    (found by the stress run as open(O_RDWR|O_CREAT) = ENOENT right after that close, seed
+    2, default mode, worker 2, ops 2941-3058)."""
+    f = os.path.join(d, "f.bin")
+    _create(f, b"x" * 86_025)
+    fd = _open(f, os.O_RDWR)
+    steps = [("ftruncate", attempt(os.ftruncate, fd, 64_596)), ("unlink", attempt(os.unlink, f)),
+             ("pwrite", attempt(write_all, fd, b"b" * 67_781, 652_205)),
+             ("create", attempt(_create, f, b"c" * 1774)),
+             ("ftruncate old", attempt(os.ftruncate, fd, 604_453)), ("read", attempt(_read, f)),
+             ("fsync old", attempt(os.fsync, fd)), ("append", attempt(_append, f, b"d" * 3860)),
+             ("read again", attempt(_read, f)), ("close old", attempt(closed, fd)),
+             ("open", attempt(lambda: closed(os.open(f, os.O_RDWR | os.O_CREAT, 0o644))))]
+    return steps + [("read at the end", attempt(_read, f))]
+
+
 CASES = {f.__name__: f for f in (
+    recreate_while_an_unlinked_descriptor_writes,
     unlink_then_write_past_the_end, unlink_then_ftruncate, write_after_fsync_and_another_writers_close,
     ftruncate_after_fsync_and_another_writers_close,
     read_through_an_open_descriptor_after_a_truncating_rewrite)}
