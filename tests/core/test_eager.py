@@ -836,3 +836,42 @@ async def test_a_file_opened_for_reading_while_its_rename_or_unlink_deletes_the_
         assert outcome == {"read": b"0123456789" * 1000} and a.key == "data/b"
     else:
         assert outcome == {"open": errno.ESTALE} and await w.path("v/a") is None
+
+
+async def test_a_file_opened_while_a_rename_replaces_it_is_read_whole_or_looked_up_again(make_world):
+    # the rename fetched the bytes of the target's readers it found, then copies over the
+    # target's key; a reader of the target that opens meanwhile waits for it, then finds
+    # the name moved on (ESTALE: the kernel looks again and opens the new file)
+    w = make_world(wview())
+    w.add("v", "data/a", b"a" * 5000)
+    w.add("v", "data/b", b"b" * 7000)
+    await w.start()
+    top, b = await w.path("v"), await w.path("v/b")
+    copying, go = held(w.store, "copy")
+    done, outcome = trio.Event(), {}
+
+    async def rename():
+        await w.fs.rename(top.ino, "a", top.ino, "b")
+        done.set()
+
+    async def open_then_read():
+        try:
+            fh, _ = await w.fs.open(b.ino, os.O_RDONLY)
+        except FsError as exc:
+            outcome["open"] = exc.errno
+            return
+        await done.wait()
+        try:
+            outcome["read"] = await w.fs.read(fh, 0, 1 << 20)
+        except FsError as exc:
+            outcome["read"] = exc.errno
+        finally:
+            await w.fs.release(fh)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rename)
+        await copying.wait()
+        nursery.start_soon(open_then_read)
+        await trio.testing.wait_all_tasks_blocked()
+        go.set()
+    assert outcome == {"open": errno.ESTALE}
+    assert await w.read("v/b") == b"a" * 5000

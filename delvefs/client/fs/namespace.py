@@ -355,7 +355,8 @@ class Namespace:
             # two views of one bucket showing the same key: the object stays where it is
             raise FsError(errno.EXDEV, f"{sk} is already the object {dst_vs.name}/{name} shows")
         result: dict = {}
-        with self.tree.moving(node), self.tree.leaving(src_vs, sk):
+        replaced = (target,) if target is not None and not target.is_dir else ()
+        with self.tree.moving(node, *replaced), self.tree.leaving(src_vs, sk):
             await self._relocate(node, dst_vs, dk, target, result)
             if node.gone or node.key != sk:
                 return  # changed meanwhile: the next refresh shows what is there
