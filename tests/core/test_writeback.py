@@ -3,6 +3,7 @@ inode it holds, so a file whose object another writer changed gets a new inode."
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 import trio
@@ -223,3 +224,26 @@ async def test_a_change_reported_while_an_open_asks_s3_leaves_the_old_inode_its_
         assert await w.fs.read(first, 0, 100) == b"old version"
     await w.fs.release(first)
     assert await w.read("v/a") == b"new, longer version"
+
+
+async def test_an_open_for_writing_of_an_inode_the_name_has_left_is_estale(make_world, mock_clock):
+    # the kernel's name still points at the old inode (its invalidation is asynchronous)
+    # when an open(O_RDWR|O_CREAT) comes: ESTALE makes the kernel look again and open the
+    # file the name has now (ENOENT would fail an O_CREAT open of an existing name)
+    w = make_world(view("v", writable=True), writeback_cache=True)
+    w.add("v", "data/a", b"old")
+    await w.start()
+    a = await w.path("v/a")
+    reader, _ = await w.fs.open(a.ino, 0)
+    w.add("v", "data/a", b"another writer's")      # the handler reports it: a new inode
+    mock_clock.jump(3)
+    b = await w.path("v/a")
+    assert b.ino != a.ino and a.gone
+    with pytest.raises(FsError) as e:
+        await w.fs.open(a.ino, os.O_RDWR)
+    assert e.value.errno == errno.ESTALE
+    fh, _ = await w.fs.open(b.ino, os.O_RDWR)      # the kernel's second try
+    await w.fs.write(fh, 0, b"A")
+    await w.close(fh)
+    assert w.obj("v", "data/a")["data"] == b"Another writer's"   # (its first byte written)
+    await w.fs.release(reader)

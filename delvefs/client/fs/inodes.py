@@ -370,6 +370,13 @@ def key_for(parent: Dir, vs, name: str) -> str:
     return check_key(parent.prefix + name)
 
 
+def looked_up_again(node: Node) -> FsError:
+    """The error of an open of ``node`` removed or replaced since the kernel looked its name
+    up: ESTALE, on which the kernel looks the name up once more and opens what is there
+    (ENOENT, or the file's new inode); applications never see it."""
+    return FsError(errno.ESTALE, f"{node.name}: removed or replaced meanwhile: looked up again")
+
+
 def writable_dir(table: "InodeTable", ino: int) -> tuple[Dir, object]:
     """(directory, view) of ``ino``, a directory of a writable view (else the errno)."""
     d = table.require(ino)

@@ -25,7 +25,7 @@ import os
 from ..cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_failed, store_failure
 from .handles import FileHandle, Handles
-from .inodes import InodeTable
+from .inodes import InodeTable, looked_up_again
 from .tree import Tree
 from .uploads import Uploads
 
@@ -61,9 +61,8 @@ class Reads:
             await self._revalidate(node)
         elif self._cached_version(node) is None and self.handles.reader_of_version(node) is None:
             # removed (or replaced) after the kernel looked its name up, nothing of it held
-            # here: the kernel looks the name up again (ENOENT when it is gone)
-            raise FsError(errno.ESTALE, f"{node.parent.view.bucket}/{node.key}: removed: "
-                          "looked up again")
+            # here
+            raise looked_up_again(node)
         h = FileHandle(node)
         keep = self.tree.serves(node.ino, node.etag)
         entry = self._cached_version(node)
@@ -116,13 +115,13 @@ class Reads:
             return  # deleted: what is cached of the version is all there is
         if info is None:
             return
-        if node.gone:  # the name moved on while S3 was asked: the kernel looks it up again
-            raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
+        if node.gone:  # the name moved on while S3 was asked
+            raise looked_up_again(node)
         current = self.tree.object_changed(node, info["size"],
                                            int(info.get("mtime", 0) * 1e9) or node.mtime_ns,
                                            info["etag"])
         if current is not node:
-            raise FsError(errno.ESTALE, f"{vs.bucket}/{node.key} changed: opened again")
+            raise looked_up_again(node)
 
     async def keep_for_readers(self, node) -> None:
         """``node``'s object is about to be deleted or replaced through this mount while

@@ -22,7 +22,7 @@ import time
 from ..cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_only, store_failure
 from .handles import FileHandle, Handles
-from .inodes import File, InodeTable, Node, key_for, writable_dir
+from .inodes import File, InodeTable, Node, key_for, looked_up_again, writable_dir
 from .properties import final_tags
 from .tree import Tree
 from .uploads import Uploads
@@ -65,7 +65,7 @@ class Writes:
         while (moved := self.tree.move_of(node)) is not None:
             await moved.wait()
         if node.gone:
-            raise FsError(errno.ENOENT, f"{node.name}: removed meanwhile")
+            raise looked_up_again(node)
         vs = node.parent.view
         bucket, key = vs.bucket, node.key
         base, size = node.etag, node.size
@@ -78,7 +78,7 @@ class Writes:
                 raise store_failure(exc, "opening for writing", bucket, key) from exc
             base, size = info["etag"], info["size"]
             if node.gone:
-                raise FsError(errno.ENOENT, f"{key}: removed meanwhile")
+                raise looked_up_again(node)
         try:
             entry = self.dirty.take(bucket, key, view=vs.name, base=base or "",
                                     truncate=truncate, size=size)
@@ -111,7 +111,7 @@ class Writes:
 
     async def open_writer(self, node: File, *, truncate: bool) -> int:
         if node.gone:
-            raise FsError(errno.ENOENT, f"{node.name}: removed")
+            raise looked_up_again(node)
         entry = await self._make_writable(node, truncate=truncate)
         return self._writer(node, entry, "opening")
 
