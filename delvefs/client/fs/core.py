@@ -37,7 +37,9 @@ are: waiting for a view refresh, handler HTTP calls, S3 calls (worker threads vi
 After each await, operations re-read the node/handle state instead of trusting what they
 saw before. Each part states its own rules: tree edits never await (``tree``), cache
 file I/O runs on the loop (``reads``), one dirty file's uploads, renames and unlinks take
-turns (``uploads``).
+turns (``uploads``), and an open of a file waits for this mount's rename, replacement or
+unlink of it under way (``Tree.moving``): what a descriptor lacks would come from the key
+that operation deletes.
 """
 from __future__ import annotations
 

@@ -418,7 +418,7 @@ class Namespace:
                     errors.append(exc)
                     return
             results.append((f, sk, dk, r))
-        # opens for writing of these files wait until the tree shows where they went
+        # opens of these files wait until the tree shows where they went (Tree.moving)
         with self.tree.moving(*(f for f, _dk in files)):
             async with trio.open_nursery() as nursery:
                 for f, dk in files:
