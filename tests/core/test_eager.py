@@ -875,3 +875,24 @@ async def test_a_file_opened_while_a_rename_replaces_it_is_read_whole_or_looked_
         go.set()
     assert outcome == {"open": errno.ESTALE}
     assert await w.read("v/b") == b"a" * 5000
+
+
+async def test_a_new_file_renamed_away_keeps_the_unlink_of_the_name_before_it(make_world, mock_clock):
+    # eager: f is unlinked (its DELETE queued, the object still in S3 and listed), a new f
+    # is created and renamed away before its upload: the name must stay empty, also after
+    # the next refresh lists the old object (the rename must not drop the unlink's mark)
+    w = make_world(wview(ttl=1), eager=True)
+    w.add("v", "data/f", b"old")
+    await w.start()
+    top = await w.path("v")
+    fh, _ = await w.open_write("v/f", os.O_RDWR)    # written and fsync'd while open
+    await w.fs.write(fh, 0, b"O")
+    await w.fs.fsync(fh)
+    w.sync_handler("v", "data/f")
+    await w.fs.unlink(top.ino, "f")
+    await w.write("v/f", b"new file")
+    await w.fs.rename(top.ino, "f", top.ino, "g")
+    assert await w.names("v") == ["g"]
+    mock_clock.jump(2)                             # a refresh: the handler still lists data/f
+    assert await w.names("v") == ["g"]
+    await w.close(fh)

@@ -360,7 +360,6 @@ class Namespace:
             await self._relocate(node, dst_vs, dk, target, result)
             if node.gone or node.key != sk:
                 return  # changed meanwhile: the next refresh shows what is there
-            self.tree.forget_pending(src_vs, sk)
             self.tree.move(node, dst, name)
             self._moved_away(src_vs, sk, result)
         entry = result.get("dirty")
@@ -426,7 +425,6 @@ class Namespace:
             if not errors and not d.gone:
                 self.tree.move(d, dst, name)
                 for f, sk, dk, r in results:
-                    self.tree.forget_pending(vs, sk)
                     self._moved_away(vs, sk, r)
                     if r.get("dirty") is not None:
                         self.tree.dirtied(vs, f, r["dirty"])
@@ -435,7 +433,6 @@ class Namespace:
                         self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
             else:
                 for f, sk, dk, r in results:
-                    self.tree.forget_pending(vs, sk)
                     self._moved_away(vs, sk, r)
                     if r.get("dirty") is not None:
                         e = r["dirty"]

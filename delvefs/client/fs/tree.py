@@ -208,10 +208,6 @@ class Tree:
         m = self._moving.get(node.ino)
         return None if m is None else m[1]
 
-    def forget_pending(self, vs: ViewState, key: str) -> None:
-        """The overlay of ``vs`` no longer holds a change of ``key``."""
-        vs.overlay.pop(key, None)
-
     def drop_local_pending(self, bucket: str, key: str) -> None:
         """No view of ``bucket`` shows local content at ``key`` any more."""
         for vs in self.catalog.of_bucket(bucket):
