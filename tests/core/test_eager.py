@@ -896,3 +896,34 @@ async def test_a_new_file_renamed_away_keeps_the_unlink_of_the_name_before_it(ma
     mock_clock.jump(2)                             # a refresh: the handler still lists data/f
     assert await w.names("v") == ["g"]
     await w.close(fh)
+
+
+@pytest.mark.parametrize("op", ["rename onto", "unlink"])
+async def test_a_create_while_the_names_file_is_replaced_or_removed_opens_what_the_name_holds_then(
+        make_world, op):
+    # open(O_CREAT|O_TRUNC) of a name whose file another process is replacing or removing:
+    # the create waits for that operation and opens (or creates) the name's file after it,
+    # never ESTALE (the kernel retries that once; a busy name could return it to the caller)
+    w = make_world(wview())
+    w.add("v", "data/a", b"a" * 5000)
+    w.add("v", "data/b", b"b" * 7000)
+    await w.start()
+    top = await w.path("v")
+    await w.path("v/b")
+    started, go = held(w.store, "copy" if op == "rename onto" else "delete")
+    async with trio.open_nursery() as nursery:
+        if op == "rename onto":
+            nursery.start_soon(w.fs.rename, top.ino, "a", top.ino, "b")
+        else:
+            nursery.start_soon(w.fs.unlink, top.ino, "b")
+        await started.wait()
+        created = {}
+
+        async def create():
+            created["fh"], created["node"] = await w.fs.create(top.ino, "b", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        nursery.start_soon(create)
+        await trio.testing.wait_all_tasks_blocked()
+        go.set()
+    await w.fs.write(created["fh"], 0, b"created")
+    await w.close(created["fh"])
+    assert w.obj("v", "data/b")["data"] == b"created" and not created["node"].gone

@@ -247,3 +247,21 @@ async def test_an_open_for_writing_of_an_inode_the_name_has_left_is_estale(make_
     await w.close(fh)
     assert w.obj("v", "data/a")["data"] == b"Another writer's"   # (its first byte written)
     await w.fs.release(reader)
+
+
+async def test_a_truncate_of_an_inode_the_name_has_left_is_estale(make_world, mock_clock):
+    # truncate(2) by path: the kernel's name still points at the replaced inode; ESTALE
+    # makes it look again (ENOENT would fail a truncate of an existing name)
+    w = make_world(view("v", writable=True), writeback_cache=True)
+    w.add("v", "data/a", b"old")
+    await w.start()
+    a = await w.path("v/a")
+    w.add("v", "data/a", b"another writer's")      # the handler reports it: a new inode
+    mock_clock.jump(3)
+    b = await w.path("v/a")
+    assert b.ino != a.ino and a.gone
+    with pytest.raises(FsError) as e:
+        await w.fs.setattr(a.ino, size=1)
+    assert e.value.errno == errno.ESTALE
+    await w.fs.setattr(b.ino, size=1)              # the kernel's second try
+    assert w.obj("v", "data/a")["data"] == b"a"     # the new version, cut

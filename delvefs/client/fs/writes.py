@@ -122,13 +122,22 @@ class Writes:
         parent, vs = writable_dir(self.table, parent_ino)
         key = key_for(parent, vs, name)
         await self.views.fresh(vs)
-        existing = parent.children.get(name)
-        if existing is not None:
+        # the file the name holds, opened; a rename or unlink of it under way ends first,
+        # then the name is looked at again (it may hold another file, or none)
+        while (existing := parent.children.get(name)) is not None:
             if existing.is_dir:
                 raise FsError(errno.EISDIR)
             if flags & os.O_EXCL:
                 raise FsError(errno.EEXIST)
-            fh = await self.open_writer(existing, truncate=bool(flags & os.O_TRUNC))
+            if (moved := self.tree.move_of(existing)) is not None:
+                await moved.wait()
+                continue
+            try:
+                fh = await self.open_writer(existing, truncate=bool(flags & os.O_TRUNC))
+            except FsError as exc:
+                if exc.errno == errno.ESTALE:
+                    continue  # it left the name meanwhile
+                raise
             self.table.ref(existing)
             return fh, existing
         implied = self.tree.implied_tags(parent, key)  # layout by properties: tags from its directories
@@ -343,8 +352,8 @@ class Writes:
                 raise cache_failure(exc, "truncating", h.entry) from exc
             self._orphan_size(h, size)
             return node
-        if node.gone:
-            raise FsError(errno.ENOENT)
+        if node.gone:  # truncate(2) of a name whose file left it: the kernel looks again
+            raise looked_up_again(node)
         if h is not None and h.writer and h.node is node:
             entry = h.entry
             if not entry.dirty:
