@@ -135,7 +135,7 @@ class Writes:
             try:
                 fh = await self.open_writer(existing, truncate=bool(flags & os.O_TRUNC))
             except FsError as exc:
-                if exc.errno == errno.ESTALE:
+                if exc.errno == errno.ESTALE and parent.children.get(name) is not existing:
                     continue  # it left the name meanwhile
                 raise
             self.table.ref(existing)
