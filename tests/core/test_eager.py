@@ -793,33 +793,37 @@ async def test_a_file_opened_for_writing_while_its_rename_deletes_the_old_key_ke
     assert w.obj("v", "data/d/a") is None
 
 
-@pytest.mark.parametrize("op", ["rename", "unlink"])
-async def test_a_file_opened_for_reading_while_its_rename_or_unlink_deletes_the_old_key_is_read_whole(
+@pytest.mark.parametrize("op", ["rename", "unlink", "rename onto"])
+async def test_a_file_opened_while_this_mount_moves_replaces_or_removes_it_is_read_whole_or_looked_up_again(
         make_world, op):
-    # the operation fetched the bytes of the readers it found, then sends the DELETE; a
-    # reader that opens meanwhile waits for it: the renamed file is read at its new key, a
-    # removed one is looked up again (ENOENT) — never EIO for bytes deleted under it
+    # the operation fetched the bytes of the readers it found, then deletes (or copies over)
+    # the key; a reader that opens meanwhile waits for it: a renamed file is read at its
+    # new key, a removed or replaced one is looked up again (ESTALE: the kernel opens what
+    # the name holds then) — never EIO for bytes deleted under it
     w = make_world(wview())
     w.add("v", "data/a", b"0123456789" * 1000)
+    if op == "rename onto":
+        w.add("v", "data/b", b"b" * 7000)
     await w.start()
     top, a = await w.path("v"), await w.path("v/a")
-    deleting, go = held(w.store, "delete")
+    opened = await w.path("v/b") if op == "rename onto" else a
+    started, go = held(w.store, "copy" if op == "rename onto" else "delete")
     done, outcome = trio.Event(), {}
 
     async def operation():
-        if op == "rename":
-            await w.fs.rename(top.ino, "a", top.ino, "b")
-        else:
+        if op == "unlink":
             await w.fs.unlink(top.ino, "a")
+        else:
+            await w.fs.rename(top.ino, "a", top.ino, "b")
         done.set()
 
     async def open_then_read():
         try:
-            fh, _ = await w.fs.open(a.ino, os.O_RDONLY)
+            fh, _ = await w.fs.open(opened.ino, os.O_RDONLY)
         except FsError as exc:
             outcome["open"] = exc.errno
             return
-        await done.wait()                           # its first read after the DELETE
+        await done.wait()                           # its first read after the operation
         try:
             outcome["read"] = await w.fs.read(fh, 0, 1 << 20)
         except FsError as exc:
@@ -828,53 +832,17 @@ async def test_a_file_opened_for_reading_while_its_rename_or_unlink_deletes_the_
             await w.fs.release(fh)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(operation)
-        await deleting.wait()
+        await started.wait()
         nursery.start_soon(open_then_read)
         await trio.testing.wait_all_tasks_blocked()
         go.set()
     if op == "rename":
         assert outcome == {"read": b"0123456789" * 1000} and a.key == "data/b"
     else:
-        assert outcome == {"open": errno.ESTALE} and await w.path("v/a") is None
-
-
-async def test_a_file_opened_while_a_rename_replaces_it_is_read_whole_or_looked_up_again(make_world):
-    # the rename fetched the bytes of the target's readers it found, then copies over the
-    # target's key; a reader of the target that opens meanwhile waits for it, then finds
-    # the name moved on (ESTALE: the kernel looks again and opens the new file)
-    w = make_world(wview())
-    w.add("v", "data/a", b"a" * 5000)
-    w.add("v", "data/b", b"b" * 7000)
-    await w.start()
-    top, b = await w.path("v"), await w.path("v/b")
-    copying, go = held(w.store, "copy")
-    done, outcome = trio.Event(), {}
-
-    async def rename():
-        await w.fs.rename(top.ino, "a", top.ino, "b")
-        done.set()
-
-    async def open_then_read():
-        try:
-            fh, _ = await w.fs.open(b.ino, os.O_RDONLY)
-        except FsError as exc:
-            outcome["open"] = exc.errno
-            return
-        await done.wait()
-        try:
-            outcome["read"] = await w.fs.read(fh, 0, 1 << 20)
-        except FsError as exc:
-            outcome["read"] = exc.errno
-        finally:
-            await w.fs.release(fh)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(rename)
-        await copying.wait()
-        nursery.start_soon(open_then_read)
-        await trio.testing.wait_all_tasks_blocked()
-        go.set()
-    assert outcome == {"open": errno.ESTALE}
-    assert await w.read("v/b") == b"a" * 5000
+        assert outcome == {"open": errno.ESTALE}
+        assert await w.path("v/a") is None
+    if op == "rename onto":
+        assert await w.read("v/b") == b"0123456789" * 1000
 
 
 async def test_a_new_file_renamed_away_keeps_the_unlink_of_the_name_before_it(make_world, mock_clock):
