@@ -845,6 +845,45 @@ async def test_a_file_opened_while_this_mount_moves_replaces_or_removes_it_is_re
         assert await w.read("v/b") == b"0123456789" * 1000
 
 
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_file_removed_while_its_open_asks_s3_is_read_whole_or_looked_up_again(
+        make_world, mock_clock, eager):
+    # the open asks S3 whether the cached version is current (past the ttl); the unlink
+    # runs meanwhile and finds no handle to fetch bytes for: that open must not get a
+    # handle of a file whose object is deleted (EIO at its first read)
+    w = make_world(wview(ttl=1), eager=eager)
+    w.add("v", "data/a", b"0123456789" * 1000)
+    await w.start()
+    top = await w.path("v")
+    assert await w.read("v/a") == b"0123456789" * 1000
+    a = await w.path("v/a")
+    mock_clock.jump(2)
+    outcome = {}
+
+    async def open_then_read():
+        try:
+            fh, _ = await w.fs.open(a.ino, os.O_RDONLY)
+        except FsError as exc:
+            outcome["open"] = exc.errno
+            return
+        try:
+            outcome["read"] = await w.fs.read(fh, 0, 1 << 20)
+        except FsError as exc:
+            outcome["read"] = exc.errno
+        finally:
+            await w.fs.release(fh)
+
+    asked, answer = held(w.store, "head")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(open_then_read)
+        await asked.wait()
+        await w.fs.unlink(top.ino, "a")
+        await w.fs.deletes.send_all()
+        assert w.obj("v", "data/a") is None
+        answer.set()
+    assert outcome in ({"open": errno.ESTALE}, {"read": b"0123456789" * 1000})
+
+
 async def test_a_new_file_renamed_away_keeps_the_unlink_of_the_name_before_it(make_world, mock_clock):
     # eager: f is unlinked (its DELETE queued, the object still in S3 and listed), a new f
     # is created and renamed away before its upload: the name must stay empty, also after

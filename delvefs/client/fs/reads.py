@@ -55,11 +55,18 @@ class Reads:
         this inode (``_revalidate`` first). A rename or removal of the file under way ends
         first: it fetched the bytes of the readers it found (``keep_for_readers``) before
         deleting the object; a reader opened meanwhile would find neither."""
-        while (moved := self.tree.move_of(node)) is not None:
-            await moved.wait()
-        if not node.gone:
+        while True:
+            while (moved := self.tree.move_of(node)) is not None:
+                await moved.wait()
+            if node.gone:
+                break
             await self._revalidate(node)
-        elif self._cached_version(node) is None and self.handles.reader_of_version(node) is None:
+            if self.tree.move_of(node) is None and not node.gone:
+                break
+            # a move or removal began while S3 was asked: it found no handle of this open
+            # to fetch bytes for; this open is one after it
+        if node.gone and self._cached_version(node) is None \
+                and self.handles.reader_of_version(node) is None:
             # removed (or replaced) after the kernel looked its name up, nothing of it held
             # here
             raise looked_up_again(node)
