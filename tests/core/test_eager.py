@@ -884,6 +884,25 @@ async def test_a_file_removed_while_its_open_asks_s3_is_read_whole_or_looked_up_
     assert outcome in ({"open": errno.ESTALE}, {"read": b"0123456789" * 1000})
 
 
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_descriptor_opened_before_a_new_file_is_removed_reads_it_after(make_world, eager):
+    # a file S3 never had (still written, or closed and not uploaded yet in eager mode) is
+    # opened for reading and removed before that descriptor's first read: its bytes are
+    # then only in the local copy, which the descriptor must take at the removal
+    w = make_world(wview(), eager=eager)
+    await w.start()
+    top = await w.path("v")
+    fh, node = await w.fs.create(top.ino, "a", os.O_WRONLY | os.O_CREAT)
+    await w.fs.write(fh, 0, b"only here " * 100)
+    reader, _ = await w.fs.open(node.ino, os.O_RDONLY)
+    await w.fs.unlink(top.ino, "a")
+    assert node.gone and w.obj("v", "data/a") is None
+    assert await w.fs.read(reader, 0, 1 << 20) == b"only here " * 100
+    await w.fs.release(reader)
+    await w.close(fh)
+    assert w.obj("v", "data/a") is None and await w.path("v/a") is None
+
+
 async def test_a_new_file_renamed_away_keeps_the_unlink_of_the_name_before_it(make_world, mock_clock):
     # eager: f is unlinked (its DELETE queued, the object still in S3 and listed), a new f
     # is created and renamed away before its upload: the name must stay empty, also after

@@ -80,8 +80,10 @@ class Namespace:
                 # (a local-only file's leaving mark is its "local" one)
                 if self._written(entry) and entry.opens:  # still read through a handle
                     await self.uploads.keep_source(entry, "removing (fetching what it lacks)")
+                # descriptors opened for reading and not read yet take the file's bytes now:
+                # a local-only file's are nowhere else afterwards
+                await self.reads.keep_for_readers(node)
                 if not local_only:
-                    await self.reads.keep_for_readers(node)
                     if self.eager:  # sent in a DeleteObjects batch (deletes.py)
                         self.deletes.queue(bucket, key)
                     else:

@@ -133,10 +133,13 @@ class Reads:
     async def keep_for_readers(self, node) -> None:
         """``node``'s object is about to be deleted or replaced through this mount while
         descriptors read it: the bytes they lack are fetched first (objects of at most
-        ``KEEP_FOR_READERS_MAX``), so they read on as on a local file system. Best effort:
-        what cannot be fetched is EIO later, as after another client's delete."""
+        ``KEEP_FOR_READERS_MAX``), so they read on as on a local file system; a descriptor
+        not read yet takes the file's local copy (of a file S3 never had, the only one).
+        Best effort: what cannot be fetched is EIO later, as after another client's delete."""
         readers = [h for h in self.handles.files.values() if not h.writer and h.node is node]
-        if not readers or node.size > KEEP_FOR_READERS_MAX:
+        entry = self.cache.get(node.parent.view.bucket, node.key)
+        local = entry is not None and entry.dirty and not self.dirty.sparse(entry)
+        if not readers or (not local and node.size > KEEP_FOR_READERS_MAX):
             return
         for h in readers:
             try:
