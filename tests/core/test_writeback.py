@@ -265,3 +265,38 @@ async def test_a_truncate_of_an_inode_the_name_has_left_is_estale(make_world, mo
     assert e.value.errno == errno.ESTALE
     await w.fs.setattr(b.ino, size=1)              # the kernel's second try
     assert w.obj("v", "data/a")["data"] == b"a"     # the new version, cut
+
+
+@pytest.mark.parametrize("removal", ["unlink", "rename onto"])
+async def test_a_truncate_or_trunc_open_of_a_file_removed_here_since_its_lookup_comes_first(
+        make_world, removal):
+    # another process's unlink (or rename onto the name) ran between this process's lookup
+    # and its truncate(2) / open(O_TRUNC): they take effect on the removed file, before the
+    # removal (as when they win the race on a local disk) — never ESTALE, which the kernel
+    # passes on when the name changes again during its one retry; the name's file now is
+    # untouched. An open without O_TRUNC needs the removed file's bytes: ESTALE as before.
+    w = make_world(view("v", writable=True))
+    w.add("v", "data/a", b"old a")
+    w.add("v", "data/b", b"the b file")
+    await w.start()
+    top, a = await w.path("v"), await w.path("v/a")
+    if removal == "unlink":
+        await w.fs.unlink(top.ino, "a")
+    else:
+        await w.fs.rename(top.ino, "b", top.ino, "a")
+    assert a.gone
+    await w.fs.setattr(a.ino, size=2)                   # truncate(2): done, nothing to keep
+    fh, _ = await w.fs.open(a.ino, os.O_RDWR | os.O_TRUNC)
+    assert (await w.fs.getattr(a.ino)).size == 0
+    await w.fs.write(fh, 0, b"written after")
+    assert await w.fs.read(fh, 0, 100) == b"written after"
+    assert (await w.fs.getattr(a.ino)).size == len(b"written after")
+    await w.close(fh)
+    with pytest.raises(FsError) as e:
+        await w.fs.open(a.ino, os.O_RDWR)
+    assert e.value.errno == errno.ESTALE
+    if removal == "unlink":
+        assert w.obj("v", "data/a") is None and await w.path("v/a") is None
+    else:
+        assert w.obj("v", "data/a")["data"] == b"the b file"
+        assert await w.read("v/a") == b"the b file"

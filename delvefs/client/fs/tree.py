@@ -21,6 +21,7 @@ Where files go in a view laid out by property values: ``delvefs.client.fs.layout
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -35,6 +36,10 @@ from .inodes import (ROOT_INODE, Dir, File, InodeTable, Node, is_cut, key_path, 
 from .layout import PropertyLayout
 
 log = logging.getLogger(__name__)
+
+# how many of the files this mount removed are remembered as such (inode numbers are never
+# reused; the kernel's requests for one come within moments of its removal)
+REMOVED_HERE_KEPT = 4096
 
 # keys not shown that are logged per view (each once); the rest are counted only
 UNSHOWN_LOGGED = 1000
@@ -58,6 +63,8 @@ class Tree(PropertyLayout):
         self._served: dict[int, str] = {}  # ino -> ETag whose bytes the kernel may cache
         # files this mount is moving or removing: ino -> [operations, Event set at the end]
         self._moving: dict[int, list] = {}
+        # inos of the files such an operation removed (or replaced), the newest first
+        self._removed_here: collections.OrderedDict[int, None] = collections.OrderedDict()
         now_ns = time.time_ns()
         for vs in catalog:
             vs.top = table.new_dir(table.root, vs.name, vs, vs.root, now_ns)
@@ -196,11 +203,21 @@ class Tree(PropertyLayout):
                 if m[0] == 0:
                     del self._moving[n.ino]
                     m[1].set()
+                if n.gone:
+                    self._removed_here[n.ino] = None
+                    if len(self._removed_here) > REMOVED_HERE_KEPT:
+                        self._removed_here.popitem(last=False)
 
     def move_of(self, node: File) -> trio.Event | None:
         """The end of a move or removal of ``node`` under way (``moving``), if one is."""
         m = self._moving.get(node.ino)
         return None if m is None else m[1]
+
+    def removed_here(self, node: File) -> bool:
+        """Whether ``node`` left the tree by this mount's unlink or rename (not by a change
+        seen in S3): a request the kernel sends for it after that, from a lookup made
+        before, may take effect before the removal (see ``Writes``)."""
+        return node.gone and node.ino in self._removed_here
 
     def drop_local_pending(self, bucket: str, key: str) -> None:
         """No view of ``bucket`` shows local content at ``key`` any more."""

@@ -109,11 +109,44 @@ class Writes:
         self.dirty.add_writer(entry)
         return self.handles.add_file(h)
 
-    async def open_writer(self, node: File, *, truncate: bool) -> int:
+    async def open_writer(self, node: File, *, truncate: bool, removed_first: bool = True) -> int:
+        """A handle writing to ``node``. An open of a file this mount removed or replaced
+        since the kernel looked its name up (another process's unlink or rename won the
+        race to the name) with ``O_TRUNC`` opens first: an empty file of its own, read and
+        written through its descriptor and dropped at its close, as a local file system's
+        file unlinked while open. Otherwise a file that left its name is ESTALE: the kernel
+        looks the name up again and opens what it holds now (always without
+        ``removed_first``)."""
+        while (moved := self.tree.move_of(node)) is not None:
+            await moved.wait()
         if node.gone:
+            if truncate and removed_first and self._removed_unheld(node):
+                return self._removed_file_writer(node)
             raise looked_up_again(node)
         entry = await self._make_writable(node, truncate=truncate)
         return self._writer(node, entry, "opening")
+
+    def _removed_unheld(self, node: File) -> bool:
+        """``node`` was removed by this mount's unlink or rename and no descriptor holds it
+        (else what it is now is theirs to share)."""
+        return self.tree.removed_here(node) and not any(
+            h.node is node for h in self.handles.files.values())
+
+    def _removed_file_writer(self, node: File) -> int:
+        """A writing handle of an empty file no key has (see ``open_writer``)."""
+        vs = node.parent.view
+        entry = CacheEntry(vs.bucket, node.key, str(self.cache.dir / f"w-{os.urandom(8).hex()}"))
+        try:
+            fd = os.open(entry.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(entry.path)  # nothing of it outlives its descriptor
+        except OSError as exc:
+            raise cache_failure(exc, "opening", entry) from exc
+        entry.etag = ""
+        h = FileHandle(node, writer=True)
+        h.fd, h.entry = fd, entry
+        self.dirty.add_writer(entry)
+        node.size, node.mtime_ns = 0, time.time_ns()
+        return self.handles.add_file(h)
 
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[int, File]:
         """Create (or, without O_EXCL, open for writing) the file ``name``: a handle and
@@ -133,7 +166,8 @@ class Writes:
                 await moved.wait()
                 continue
             try:
-                fh = await self.open_writer(existing, truncate=bool(flags & os.O_TRUNC))
+                fh = await self.open_writer(existing, truncate=bool(flags & os.O_TRUNC),
+                                            removed_first=False)
             except FsError as exc:
                 if exc.errno == errno.ESTALE and parent.children.get(name) is not existing:
                     continue  # it left the name meanwhile
@@ -352,8 +386,14 @@ class Writes:
                 raise cache_failure(exc, "truncating", h.entry) from exc
             self._orphan_size(h, size)
             return node
-        if node.gone:  # truncate(2) of a name whose file left it: the kernel looks again
-            raise looked_up_again(node)
+        if node.gone:
+            if h is None and self._removed_unheld(node):
+                # truncate(2) of a file this mount removed (or replaced) since the kernel
+                # looked its name up: it takes effect first, and the removal leaves nothing
+                # of it (as on a local file system where the truncate wins the race)
+                node.size = size
+                return node
+            raise looked_up_again(node)  # left by a change in S3: the kernel looks again
         if h is not None and h.writer and h.node is node:
             entry = h.entry
             if not entry.dirty:
