@@ -300,3 +300,35 @@ async def test_a_truncate_or_trunc_open_of_a_file_removed_here_since_its_lookup_
     else:
         assert w.obj("v", "data/a")["data"] == b"the b file"
         assert await w.read("v/a") == b"the b file"
+
+
+async def test_the_handlers_news_of_a_renames_own_copy_leaves_the_replaced_file_alone(
+        make_world, mock_clock):
+    # a file fsync'd while open for writing (clean, still written through its descriptor)
+    # is replaced by a rename; the handler reports the rename's copy of the new file at the
+    # name while the rename still runs: that news must not become the replaced file's size
+    # (its descriptor then read EOF inside its own bytes)
+    w = make_world(view("v", writable=True, ttl=1))
+    w.add("v", "data/f", b"o" * 200_000)
+    w.add("v", "data/g", b"g" * 3_000)
+    await w.start()
+    top = await w.path("v")
+    fh, f = await w.open_write("v/f", os.O_RDWR)
+    await w.fs.write(fh, 150_000, b"w" * 4_000)
+    await w.fs.fsync(fh)
+    w.sync_handler("v", "data/f")
+    await w.path("v/g")
+    deleting, go = held(w.store, "delete")             # the copy is made; the source waits
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(w.fs.rename, top.ino, "g", top.ino, "f")
+        await deleting.wait()
+        w.sync_handler("v", "data/f")                  # the copy's event: 3,000 bytes at f
+        mock_clock.jump(2)
+        await w.fs.getattr(top.ino)                    # a refresh while the rename runs
+        await w.fs.lookup(top.ino, "f")
+        go.set()
+    assert f.gone and f.size == 200_000
+    assert await w.fs.read(fh, 120_000, 10) == b"o" * 10
+    assert await w.fs.read(fh, 150_000, 10) == b"w" * 10
+    await w.close(fh)
+    assert await w.read("v/f") == b"g" * 3_000

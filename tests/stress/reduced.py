@@ -139,7 +139,25 @@ def recreate_while_an_unlinked_descriptor_writes(d: str) -> list:
     return steps + [("read at the end", attempt(_read, f))]
 
 
+def read_after_a_rename_replaced_a_file_fsynced_while_open(d: str) -> list:
+    """A file written past its end through a descriptor, fsync'd, then replaced by a rename
+    while that descriptor is open: it reads its own file on, its old bytes included (found
+    by the stress run as a pread at EOF, seed 2, default mode, worker 2, ops 10429-10504)."""
+    f, other, first = os.path.join(d, "f.bin"), os.path.join(d, "g.bin"), os.path.join(d, "e.bin")
+    _create(first, b"o" * 2_117_289)
+    os.truncate(first, 1_610_909)
+    os.rename(first, f)
+    _create(other, b"g" * 29_130)
+    fd = _open(f, os.O_RDWR)
+    steps = [("pwrite", attempt(write_all, fd, b"w" * 3965, 925_776)), ("fsync", attempt(os.fsync, fd)),
+             ("rename onto", attempt(os.rename, other, f)),
+             ("pread old byte", attempt(lambda: summary(os.pread(fd, 1, 920_812)))), *_fd_state(fd),
+             ("close", attempt(closed, fd))]
+    return steps + [("read", attempt(_read, f))]
+
+
 CASES = {f.__name__: f for f in (
+    read_after_a_rename_replaced_a_file_fsynced_while_open,
     recreate_while_an_unlinked_descriptor_writes,
     unlink_then_write_past_the_end, unlink_then_ftruncate, write_after_fsync_and_another_writers_close,
     ftruncate_after_fsync_and_another_writers_close,

@@ -358,7 +358,10 @@ class Namespace:
             raise FsError(errno.EXDEV, f"{sk} is already the object {dst_vs.name}/{name} shows")
         result: dict = {}
         replaced = (target,) if target is not None and not target.is_dir else ()
-        with self.tree.moving(node, *replaced), self.tree.leaving(src_vs, sk):
+        # the handler's news of either key (the operation's own copy and DELETE among it)
+        # waits for the outcome: applied meanwhile, it would change the files being moved
+        with self.tree.moving(node, *replaced), self.tree.leaving(src_vs, sk), \
+                self.tree.leaving(dst_vs, dk):
             await self._relocate(node, dst_vs, dk, target, result)
             if node.gone or node.key != sk:
                 return  # changed meanwhile: the next refresh shows what is there
