@@ -903,6 +903,26 @@ async def test_a_descriptor_opened_before_a_new_file_is_removed_reads_it_after(m
     assert w.obj("v", "data/a") is None and await w.path("v/a") is None
 
 
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_removed_file_opened_beside_a_descriptor_that_closes_before_its_first_read(
+        make_world, eager):
+    # after the removal the file lives only in what a descriptor holds; a second open of the
+    # inode (its lookup came before the removal) shares that; the first one closes before
+    # the second one's first read: the second must still read the file
+    w = make_world(wview(), eager=eager)
+    await w.start()
+    top = await w.path("v")
+    fh, node = await w.fs.create(top.ino, "a", os.O_WRONLY | os.O_CREAT)
+    await w.fs.write(fh, 0, b"only here " * 100)
+    first, _ = await w.fs.open(node.ino, os.O_RDONLY)
+    await w.fs.unlink(top.ino, "a")
+    second, _ = await w.fs.open(node.ino, os.O_RDONLY)
+    await w.fs.release(first)
+    assert await w.fs.read(second, 0, 1 << 20) == b"only here " * 100
+    await w.fs.release(second)
+    await w.close(fh)
+
+
 async def test_a_new_file_renamed_away_keeps_the_unlink_of_the_name_before_it(make_world, mock_clock):
     # eager: f is unlinked (its DELETE queued, the object still in S3 and listed), a new f
     # is created and renamed away before its upload: the name must stay empty, also after

@@ -85,6 +85,15 @@ class Reads:
                 self.cache.hold(entry)
                 h.entry = entry
                 self.tree.served(node.ino, entry.etag)  # its reads bring in pages of it
+        elif node.gone and (other := self.handles.reader_of_version(node)) is not None:
+            # what another descriptor holds of a removed file is all there is of it: held
+            # from now on, as that one may close before this one's first read
+            try:
+                h.fd = os.dup(other.fd)
+            except OSError as exc:
+                raise cache_failure(exc, "opening", other.entry) from exc
+            self.cache.hold(other.entry)
+            h.entry = other.entry
         fh = self.handles.add_file(h)
         return fh, keep
 
