@@ -44,9 +44,13 @@ class FakeHandler:
         vid = self.by_name.setdefault(name, f"id-{name}")
         return self.views.setdefault(vid, {"objects": {}, "version": 1, "log": [], "min": 0})
 
-    def put(self, view: str, key: str, size: int = 0, etag: str | None = None, mtime: float = 1e9):
+    def put(self, view: str, key: str, size: int = 0, etag: str | None = None, mtime: float = 1e9,
+            properties: dict | None = None):
+        """``properties``: what a layout view's change says (default: the store's, when listed)."""
         st = self._state(view)
         obj = {"key": key, "size": size, "mtime": mtime, "etag": etag or f"e-{key}-{size}"}
+        if properties is not None:
+            obj["properties"] = properties
         st["objects"][key] = obj
         st["version"] += 1
         st["log"].append({"v": st["version"], "op": "put", "key": key, "object": obj})

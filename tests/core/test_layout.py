@@ -229,3 +229,28 @@ async def test_a_value_with_a_nul_byte_leaves_its_object_unshown(make_world, moc
     mock_clock.jump(3)
     assert await tree(w, "s") == ["S1/2/a.fq"]
     assert list(vs.unshown) == ["runs/b.fq"] and b.gone
+
+
+async def test_the_news_of_a_files_upload_does_not_undo_its_retag_here(make_world, mock_clock):
+    # a file written through the mount is moved to another property directory (a retag:
+    # its ETag stays) before the handler reports its upload; that report carries the tags
+    # the file was uploaded with and the same ETag: it must not move the file back (the
+    # report of the retag, later, confirms where it is)
+    w = make_world(by_view(ttl=1))
+    await w.start()
+    top = await w.path("s")
+    s1 = await w.fs.mkdir(top.ino, "S1")
+    await w.fs.mkdir(s1.ino, "2")
+    await w.write("s/S1/2/new.fq", b"new")
+    up = w.obj("s", "runs/new.fq")
+    s2 = await w.fs.mkdir(top.ino, "S2")
+    lane = await w.fs.mkdir(s2.ino, "3")
+    await w.fs.rename((await w.path("s/S1/2")).ino, "new.fq", lane.ino, "new.fq")
+    assert await tree(w, "s") == ["S2/3/new.fq"]
+    w.handler.put("s", "runs/new.fq", 3, up["etag"], up["mtime"],   # the upload's change
+                  properties={"sample": "S1", "lane": "2"})
+    mock_clock.jump(2)
+    assert "S2/3/new.fq" in await tree(w, "s") and "S1/2/new.fq" not in await tree(w, "s")
+    w.sync_handler("s", "runs/new.fq")                                # the retag's change
+    mock_clock.jump(2)
+    assert "S2/3/new.fq" in await tree(w, "s")

@@ -37,18 +37,21 @@ class Pending:
     handler keeps only the newest change of a key, so a version of another writer whose
     time is later is newer than this mount's change and retires it at once. ``before``
     (``local`` only): the ``delete`` it took the place of — a file created where this
-    mount had just deleted one — back in force when the new file goes without an upload."""
+    mount had just deleted one — back in force when the new file goes without an upload.
+    ``retag`` (``put`` only): a change of the version's tags, which keep its ETag — retired
+    by a change with that ETag that places the file where this mount did."""
 
-    __slots__ = ("kind", "etag", "deadline", "earlier", "since", "before")
+    __slots__ = ("kind", "etag", "deadline", "earlier", "since", "before", "retag")
 
     def __init__(self, kind: str, etag: str | None, deadline: float, earlier: tuple = (),
-                 since: float = math.inf, before: "Pending | None" = None):
+                 since: float = math.inf, before: "Pending | None" = None, retag: bool = False):
         self.kind = kind
         self.etag = etag
         self.deadline = deadline
         self.earlier = earlier[-EARLIER_KEPT:]
         self.since = since
         self.before = before
+        self.retag = retag
 
     def unconfirmed(self) -> tuple:
         """The ETags of this mount's uploads still to be confirmed, oldest first."""

@@ -38,6 +38,13 @@ class PropertyLayout:
             return True
         return key in vs.values
 
+    def _placed_elsewhere(self, vs: ViewState, obj: dict) -> bool:
+        """Whether the handler's ``obj`` would place its key elsewhere than this mount has
+        it now (a layout by properties; tags and metadata change no ETag)."""
+        props = obj.get("properties")
+        return vs.by is not None and props is not None and \
+            layout_values(vs.by, props) != vs.values.get(obj["key"])
+
     def _unplace(self, vs: ViewState, key: str) -> File | None:
         """The file of ``key``, taken out of its directory when its values now belong in
         another one (the caller puts it there: it keeps its inode)."""

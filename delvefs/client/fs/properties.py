@@ -128,4 +128,4 @@ class Properties:
         if node.gone or node.key != key:
             return
         obj = {"key": key, "size": node.size, "mtime": node.mtime_ns / 1e9, "etag": node.etag}
-        self.tree.local_put(bucket, key, obj, new)
+        self.tree.local_put(bucket, key, obj, new, retag=True)

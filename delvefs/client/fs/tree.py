@@ -152,6 +152,8 @@ class Tree(PropertyLayout):
                 return True
             if etag != p.etag and not self._newer(obj, p):
                 return True  # a version from before this mount's change: not news
+            if p.retag and etag == p.etag and self._placed_elsewhere(vs, obj):
+                return True  # that version with its tags before this mount's retag
         elif obj is not None and not self._newer(obj, p):
             return True  # the object this mount deleted (or one before it)
         del vs.overlay[key]  # confirmed, or replaced by another writer since
@@ -470,10 +472,11 @@ class Tree(PropertyLayout):
 
     def local_put(self, bucket: str, key: str, obj: dict, tags: dict, *,
                   keep_local: bool = False, quiet: ViewState | None = None,
-                  since: float | None = None) -> None:
-        """Show an object this mount just wrote/copied/retagged in every view of ``bucket``
-        it matches (and remove it from those it no longer matches), at once (``since``:
-        the wall-clock time its request started; default now)."""
+                  since: float | None = None, retag: bool = False) -> None:
+        """Show an object this mount just wrote/copied/retagged (``retag``: the same
+        version, other tags) in every view of ``bucket`` it matches (and remove it from
+        those it no longer matches), at once (``since``: the wall-clock time its request
+        started; default now)."""
         now = trio.current_time()
         deadline = now + self.overlay_bound
         since = time.time() if since is None else since
@@ -487,7 +490,7 @@ class Tree(PropertyLayout):
                 earlier = p.unconfirmed() if p is not None and p.deadline > now else ()
                 if earlier[-1:] == (obj["etag"],):  # the same version again (a retag): one change
                     earlier = earlier[:-1]
-                vs.overlay[key] = Pending("put", obj["etag"], deadline, earlier, since)
+                vs.overlay[key] = Pending("put", obj["etag"], deadline, earlier, since, retag=retag)
                 if vs.by is not None:  # placed by the tags it has now (metadata: as listed)
                     obj = {**obj, "properties": {**(obj.get("metadata") or {}), **tags}}
                 # ``quiet``: the view written through; the kernel knows that file already
