@@ -332,3 +332,37 @@ async def test_the_handlers_news_of_a_renames_own_copy_leaves_the_replaced_file_
     assert await w.fs.read(fh, 150_000, 10) == b"w" * 10
     await w.close(fh)
     assert await w.read("v/f") == b"g" * 3_000
+
+
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_descriptor_whose_first_read_races_a_rewrite_here_reads_the_file_as_it_is(
+        make_world, eager):
+    # a descriptor opened where the kernel holds the old version's pages; its first read's
+    # GET (pinned to that version) is under way when another process of this mount opens
+    # the same file with O_TRUNC, writes and closes it: the same inode, whose pages the
+    # kernel dropped — the read gets the file as it is now, never EIO for the old version
+    w = make_world(view("v", writable=True), eager=eager)
+    w.add("v", "data/a", b"old " * 1000)
+    await w.start()
+    assert await w.read("v/a") == b"old " * 1000     # the kernel may keep its pages
+    a = await w.path("v/a")
+    w.cache.forget("b", "data/a")                     # evicted: the next read asks S3
+    fh, keep = await w.fs.open(a.ino, os.O_RDONLY)
+    assert keep
+    w.store.gate = trio.Event()
+    outcome = {}
+
+    async def first_read():
+        try:
+            outcome["read"] = await w.fs.read(fh, 0, 1 << 20)
+        except FsError as exc:
+            outcome["read"] = exc.errno
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first_read)
+        await wait_all_tasks_blocked()
+        wfh, _ = await w.open_write("v/a", os.O_WRONLY | os.O_TRUNC)
+        await w.fs.write(wfh, 0, b"new")
+        await w.close(wfh)
+        w.store.gate.set()
+    assert outcome["read"] in (b"new",), outcome
+    await w.fs.release(fh)

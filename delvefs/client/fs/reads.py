@@ -180,27 +180,46 @@ class Reads:
             # of an inode the name has left): its reads are of that version or fail, never
             # of a newer one
             exact = node.gone or self.tree.serves(node.ino, node.etag)
+            rewritten = 0
             while True:
+                asked = node.etag
                 try:
                     entry, info = await self.cache.fetch(
                         self.store, vs.bucket, node.key, etag=node.etag, size=node.size,
                         ttl=vs.ttl, want=(off, off + size), exact=exact)
                 except StoreError as exc:
+                    now = self.cache.get(vs.bucket, node.key)
+                    if exact and not node.gone and rewritten < 3 and (
+                            node.etag != asked or (now is not None and now.dirty)):
+                        # written through this mount meanwhile (the same inode: the kernel
+                        # dropped or rewrote its pages; a change from elsewhere would have
+                        # moved the name off this inode, as a handle reads it): read the
+                        # file as it is now
+                        rewritten += 1
+                        exact = self.tree.serves(node.ino, node.etag)
+                        continue
                     failure = store_failure(exc, "reading", vs.bucket, node.key)
                     if exact:  # its version is gone (or unreachable): EIO, never another's bytes
                         failure.errno = errno.EIO
                     raise failure from exc
                 if exact or not node.gone or entry.dirty or entry.etag == node.etag:
+                    try:
+                        h.fd = os.open(entry.path, os.O_RDONLY)
+                    except OSError as exc:
+                        self.cache.release(entry)
+                        if isinstance(exc, FileNotFoundError) and not node.gone and rewritten < 3 \
+                                and self.cache.get(vs.bucket, node.key) is not entry:
+                            # the copy was dropped as it arrived: a writer of this mount took
+                            # the key meanwhile (the same inode): read the file as it is now
+                            rewritten += 1
+                            exact = self.tree.serves(node.ino, node.etag)
+                            continue
+                        raise cache_failure(exc, "opening", entry) from exc
                     break
                 # the name moved to another inode while S3 was asked: this inode's pages are
                 # its version's, so is what this handle reads
                 self.cache.release(entry)
                 exact = True
-            try:
-                h.fd = os.open(entry.path, os.O_RDONLY)
-            except OSError as exc:
-                self.cache.release(entry)
-                raise cache_failure(exc, "opening", entry) from exc
             h.entry = entry
             if info is not None and (info["etag"] != node.etag or info["size"] != node.size):
                 # S3 is ahead of the listing: show what was read
