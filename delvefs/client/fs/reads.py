@@ -88,14 +88,18 @@ class Reads:
         elif node.gone and (other := self.handles.reader_of_version(node)) is not None:
             # what another descriptor holds of a removed file is all there is of it: held
             # from now on, as that one may close before this one's first read
-            try:
-                h.fd = os.dup(other.fd)
-            except OSError as exc:
-                raise cache_failure(exc, "opening", other.entry) from exc
-            self.cache.hold(other.entry)
-            h.entry = other.entry
+            self._share(h, other)
         fh = self.handles.add_file(h)
         return fh, keep
+
+    def _share(self, h: FileHandle, other: FileHandle) -> None:
+        """``h`` reads what ``other`` reads (its own descriptor of that file, its own hold)."""
+        try:
+            h.fd = os.dup(other.fd)
+        except OSError as exc:
+            raise cache_failure(exc, "opening", other.entry) from exc
+        self.cache.hold(other.entry)
+        h.entry = other.entry
 
     def _cached_version(self, node) -> CacheEntry | None:
         """The cache's clean entry of ``node``'s version, if it has one."""
@@ -168,12 +172,7 @@ class Reads:
             if other is not None:
                 # one version per inode (``open``): the pages this handle's reads bring in
                 # are the other handle's pages too
-                try:
-                    h.fd = os.dup(other.fd)
-                except OSError as exc:
-                    raise cache_failure(exc, "opening", other.entry) from exc
-                self.cache.hold(other.entry)
-                h.entry = other.entry
+                self._share(h, other)
                 return h.fd
             vs = node.parent.view
             # the kernel may serve this handle pages of the node's version (kept at open, or
