@@ -504,7 +504,7 @@ class DataCache:
         (ENOSPC, EIO) when the cache disk refuses."""
         k = (bucket, key)
         entry = self.entries.get(k)
-        path = str(self.dir / f"w-{os.urandom(8).hex()}")
+        path = self._own_path()
         take = not empty and entry is not None and entry.etag is not None
         try:
             if not take:
@@ -528,6 +528,24 @@ class DataCache:
         self.entries[k] = new
         self._recount(new)
         return new
+
+    def _own_path(self) -> str:
+        """A new name for a file of the write side (``data/w-<id>``)."""
+        return str(self.dir / f"w-{os.urandom(8).hex()}")
+
+    def scratch_file(self, bucket: str, key: str) -> tuple[CacheEntry, int]:
+        """An empty entry of ``bucket/key`` outside the cache, and a descriptor of its file,
+        which is unlinked at once: nothing of it outlives the descriptor. Raises StoreError
+        (ENOSPC, EIO) when the cache disk refuses."""
+        entry = CacheEntry(bucket, key, self._own_path())
+        entry.etag = ""
+        try:
+            fd = os.open(entry.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(entry.path)
+        except OSError as exc:
+            _unlink(entry.path)
+            raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
+        return entry, fd
 
     def add(self, entry: CacheEntry) -> None:
         """Take in an entry whose file is in the data directory already (a recovered one),

@@ -884,18 +884,25 @@ async def test_a_file_removed_while_its_open_asks_s3_is_read_whole_or_looked_up_
     assert outcome in ({"open": errno.ESTALE}, {"read": b"0123456789" * 1000})
 
 
-@pytest.mark.parametrize("eager", [False, True])
-async def test_a_descriptor_opened_before_a_new_file_is_removed_reads_it_after(make_world, eager):
-    # a file S3 never had (still written, or closed and not uploaded yet in eager mode) is
-    # opened for reading and removed before that descriptor's first read: its bytes are
-    # then only in the local copy, which the descriptor must take at the removal
-    w = make_world(wview(), eager=eager)
+async def _new_file_read_then_removed(w):
+    """A file S3 never had (still written) opened for reading, then unlinked before that
+    descriptor's first read: (writing fh, node, reading fh)."""
     await w.start()
     top = await w.path("v")
     fh, node = await w.fs.create(top.ino, "a", os.O_WRONLY | os.O_CREAT)
     await w.fs.write(fh, 0, b"only here " * 100)
     reader, _ = await w.fs.open(node.ino, os.O_RDONLY)
     await w.fs.unlink(top.ino, "a")
+    return fh, node, reader
+
+
+@pytest.mark.parametrize("eager", [False, True])
+async def test_a_descriptor_opened_before_a_new_file_is_removed_reads_it_after(make_world, eager):
+    # a file S3 never had (still written, or closed and not uploaded yet in eager mode) is
+    # opened for reading and removed before that descriptor's first read: its bytes are
+    # then only in the local copy, which the descriptor must take at the removal
+    w = make_world(wview(), eager=eager)
+    fh, node, reader = await _new_file_read_then_removed(w)
     assert node.gone and w.obj("v", "data/a") is None
     assert await w.fs.read(reader, 0, 1 << 20) == b"only here " * 100
     await w.fs.release(reader)
@@ -910,12 +917,7 @@ async def test_a_removed_file_opened_beside_a_descriptor_that_closes_before_its_
     # inode (its lookup came before the removal) shares that; the first one closes before
     # the second one's first read: the second must still read the file
     w = make_world(wview(), eager=eager)
-    await w.start()
-    top = await w.path("v")
-    fh, node = await w.fs.create(top.ino, "a", os.O_WRONLY | os.O_CREAT)
-    await w.fs.write(fh, 0, b"only here " * 100)
-    first, _ = await w.fs.open(node.ino, os.O_RDONLY)
-    await w.fs.unlink(top.ino, "a")
+    fh, node, first = await _new_file_read_then_removed(w)
     second, _ = await w.fs.open(node.ino, os.O_RDONLY)
     await w.fs.release(first)
     assert await w.fs.read(second, 0, 1 << 20) == b"only here " * 100

@@ -135,13 +135,10 @@ class Writes:
     def _removed_file_writer(self, node: File) -> int:
         """A writing handle of an empty file no key has (see ``open_writer``)."""
         vs = node.parent.view
-        entry = CacheEntry(vs.bucket, node.key, str(self.cache.dir / f"w-{os.urandom(8).hex()}"))
         try:
-            fd = os.open(entry.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            os.unlink(entry.path)  # nothing of it outlives its descriptor
-        except OSError as exc:
-            raise cache_failure(exc, "opening", entry) from exc
-        entry.etag = ""
+            entry, fd = self.cache.scratch_file(vs.bucket, node.key)
+        except StoreError as exc:
+            raise store_failure(exc, "opening", vs.bucket, node.key) from exc
         h = FileHandle(node, writer=True)
         h.fd, h.entry = fd, entry
         self.dirty.add_writer(entry)
