@@ -98,6 +98,7 @@ class DataCache:
     def __init__(self, directory: str | os.PathLike, limit: int | None = None, *,
                  block_size: int = 512 * KiB, max_get: int = 8 * MiB):
         self.dir = Path(directory) / "data"
+        self._dir = str(self.dir)
         self.tmp = Path(directory) / "tmp"
         self.entries: OrderedDict[tuple[str, str], CacheEntry] = OrderedDict()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,7 @@ class DataCache:
         """A new file name for a version of ``bucket/key`` (never reused: a fetch of an old
         version still writing can never land in a newer one's file)."""
         digest = hashlib.sha256(f"{bucket}\0{key}".encode("utf-8", "surrogateescape")).hexdigest()
-        return str(self.dir / f"{digest[:40]}.{next(self._seq)}")
+        return f"{self._dir}/{digest[:40]}.{next(self._seq)}"
 
     def get(self, bucket: str, key: str) -> CacheEntry | None:
         return self.entries.get((bucket, key))
@@ -531,7 +532,7 @@ class DataCache:
 
     def _own_path(self) -> str:
         """A new name for a file of the write side (``data/w-<id>``)."""
-        return str(self.dir / f"w-{os.urandom(8).hex()}")
+        return f"{self._dir}/w-{os.urandom(8).hex()}"  # (a string: every create comes here)
 
     def scratch_file(self, bucket: str, key: str) -> tuple[CacheEntry, int]:
         """An empty entry of ``bucket/key`` outside the cache, and a descriptor of its file,

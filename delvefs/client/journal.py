@@ -29,6 +29,7 @@ import os
 import threading
 from pathlib import Path
 
+import orjson
 import trio
 
 from .errors import cache_file_error
@@ -42,6 +43,7 @@ class Journal:
 
     def __init__(self, directory: str | os.PathLike, data_dir: str | os.PathLike):
         self.dir = Path(directory)
+        self._dir = str(self.dir)
         self.data_dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._seq = itertools.count()
@@ -62,17 +64,18 @@ class Journal:
 
     def write(self, record: dict) -> None:
         """Put a dirty file's record on disk. Raises StoreError (the cache disk refused)."""
-        final = self.dir / (record["file"] + ".json")
+        name = record["file"] + ".json"
+        final = f"{self._dir}/{name}"  # (strings, not Path: every eager close comes here)
         if self._doomed:  # (only the loop adds to it) written again before its removal
             with self._doomed_lock:
-                self._doomed.discard(final.name)
-        data = json.dumps(record).encode()
+                self._doomed.discard(name)
+        data = orjson.dumps(record)
         tmp = None
         try:
             try:
                 fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:  # written again: replaced whole
-                tmp = self.dir / f"{record['file']}.json{_TMP_TAG}{next(self._seq)}.tmp"
+                tmp = f"{final}{_TMP_TAG}{next(self._seq)}.tmp"
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 _write_all(fd, data)
@@ -88,7 +91,7 @@ class Journal:
         """Drop a record: at once, or (``run_removals`` running) soon, by a worker thread."""
         name = record["file"] + ".json"
         if self._doomed_kick is None:
-            _unlink(self.dir / name)
+            _unlink(f"{self._dir}/{name}")
             return
         with self._doomed_lock:
             self._doomed.add(name)

@@ -744,6 +744,26 @@ async def test_eager_uploads_give_way_while_requests_come_and_run_all_once_idle(
     assert w.store.wcalls["upload"] == 6 and os.listdir(w.cache.journal) == []
 
 
+async def test_held_back_uploads_start_once_the_backlog_passes_its_bytes_while_requests_go_on(make_world):
+    w = await eager_world(make_world, upload_concurrency=8)
+    w.fs.uploads.upload_idle = 60.0                     # "busy" for the whole test
+    w.fs.uploads.backlog_bytes = 1000
+    uploads = HeldUploads(w)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        await w.write("v/f0", b"x" * 600)
+        await trio.sleep(0.15)                              # the uploader looked again since
+        assert uploads.running == 0                        # under the bound: the writer goes first
+        await w.write("v/f1", b"x" * 600)                  # past it: no close wakes the uploader,
+        with trio.fail_after(5):                           # it looks again by itself
+            while uploads.running < 2:
+                await trio.sleep(0.01)
+        uploads.gate.set()
+        await settle(w)
+        nursery.cancel_scope.cancel()
+    assert w.obj("v", "data/f1")["data"] == b"x" * 600
+
+
 async def test_a_record_written_again_before_its_background_removal_stays(make_world):
     w = await eager_world(make_world)
     await w.write("v/f", b"x")

@@ -288,6 +288,12 @@ def test_small_view_of_a_big_bucket_pages_correctly(handler, s3, bucket, publish
     pages = [[o["key"] for o in page["objects"]] for page in h.pages(ids["sel"], limit=30)]
     assert [len(p) for p in pages] == [30, 30, 10]
     assert sum(pages, []) == members
+    # pages longer than the part listed on the handler's loop (the rest in a worker thread)
+    everything = sorted(members + others + ["marker"])
+    for limit in (200, 201, 450, 5000):
+        pages = [[o["key"] for o in page["objects"]] for page in h.pages(ids["all"], limit=limit)]
+        assert sum(pages, []) == everything, limit
+        assert [len(p) for p in pages[:-1]] == [limit] * (len(pages) - 1), limit
     # `after` before, inside and beyond the prefix range
     for after, want in (("a0001", members), ("sel/", members), ("sel/050.fq", members[51:]), ("sem", [])):
         page = h.http.get(f"/v1/views/{ids['sel']}/objects", params={"after": after}).json()

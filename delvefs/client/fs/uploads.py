@@ -58,15 +58,18 @@ class Uploads:
     """The background of the write path: what is to be uploaded, and its uploads."""
 
     # Background uploads give way to the mount's requests (they compete for the loop and the
-    # CPU; measured: even 1-2 uploads beside an untar cost as much as 16): all of
+    # CPU; measured: even 1-2 uploads beside an untar cost as much as 16, and uploads that
+    # began mid-untar once 1,024 files waited tripled its time on one CPU): all of
     # ``upload_concurrency`` run once no request came for ``upload_idle`` seconds or the
-    # backlog passes a bound (as the kernel's dirty_background_* limits), else
+    # backlog passes a bound (bytes and age, as the kernel's dirty_background_bytes and
+    # dirty_expire; the file count only bounds the journal a restart reads), else
     # ``upload_busy`` at a time. sync, fsync and unmount upload at once, whatever this says.
     upload_idle = 0.075
     upload_busy = 0
-    backlog_files = 1024
+    backlog_files = 10_000
     backlog_bytes = 256 << 20
     backlog_age = 10.0
+    backlog_check_every = 0.1  # seconds: how often a held-back uploader looks at the bounds
 
     def __init__(self, store, cache, dirty, catalog: ViewCatalog, tree: Tree,
                  properties: Properties, deletes: DeleteQueue, settings):
@@ -92,6 +95,7 @@ class Uploads:
         # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
         self._own_tags: collections.OrderedDict = collections.OrderedDict()
         self._last_request = -math.inf
+        self._holding_back = False  # the uploader waits for the mount to be idle
         self.count = 0  # uploads done (statistics: tests, logs)
 
     def entry_lock(self, entry: CacheEntry) -> trio.Lock:
@@ -119,7 +123,8 @@ class Uploads:
             _, delay = self._retry.get(name, (0.0, 0.0))
             delay = min(self.retry_max, max(self.retry_initial, delay * 2))
             self._retry[name] = (trio.current_time() + delay, delay)
-        self._kick.set()
+        if not self._holding_back or len(self._pending) >= self.backlog_files:
+            self._kick.set()
 
     def unschedule(self, entry: CacheEntry) -> None:
         name = os.path.basename(entry.path)
@@ -395,8 +400,9 @@ class Uploads:
                 now = trio.current_time()
                 limit = self._upload_limit(now)
                 next_at = math.inf
-                if limit < self.upload_concurrency:  # busy: look again once the mount is idle
-                    next_at = self._last_request + self.upload_idle
+                if limit < self.upload_concurrency:  # busy: look again once the mount is
+                    # idle, and at the bounds now and then meanwhile
+                    next_at = min(self._last_request + self.upload_idle, now + self.backlog_check_every)
                 for name, entry in list(self._pending.items()) if len(started) < limit else ():
                     if not entry.dirty or entry.meta is None or entry.writers:
                         self._pending.pop(name, None)  # clean, gone, or its last close uploads
@@ -411,8 +417,12 @@ class Uploads:
                     nursery.start_soon(one, name, entry)
                     if len(started) >= limit:
                         break
+                # holding back, the loop looks again by itself: the closes meanwhile need not
+                # wake it (but for the file bound), nor sum the backlog's bytes each time
+                self._holding_back = limit == 0 and next_at < math.inf
                 with trio.move_on_at(next_at):
                     await kick.wait()
+                self._holding_back = False
 
     def request_seen(self) -> None:
         """A create/write/close came (cheap: called for every write)."""
