@@ -69,7 +69,10 @@ class Journal:
         if self._doomed:  # (only the loop adds to it) written again before its removal
             with self._doomed_lock:
                 self._doomed.discard(name)
-        data = orjson.dumps(record)
+        try:
+            data = orjson.dumps(record)
+        except TypeError:  # a name of bytes that are no UTF-8 (surrogate-escaped): escaped
+            data = json.dumps(record).encode()
         tmp = None
         try:
             try:

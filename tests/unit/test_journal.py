@@ -1,6 +1,8 @@
 """The journal's records: written whole, read back, the unusable ones dropped."""
 from __future__ import annotations
 
+import os
+
 from delvefs.client.journal import Journal
 
 
@@ -41,3 +43,13 @@ def test_a_read_leaves_this_processs_tmp_files_alone(tmp_path):
     (tmp_path / "publish" / "batch2.p1.tmp").write_text("{}")   # a dead mount's
     assert j.read() == []
     assert sorted(p.name for p in (tmp_path / "publish").iterdir()) == [mine.name]
+
+
+def test_a_key_of_bytes_that_are_no_utf8_is_recorded_and_read_back(tmp_path):
+    # a file name the kernel gave as bytes that are no UTF-8 (os.fsdecode: surrogates)
+    j = Journal(tmp_path / "journal", tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f1").write_bytes(b"x")
+    key = "dir/" + os.fsdecode(b"bad\xff")
+    j.write(record("f1", key=key))
+    assert [r["key"] for r in j.read()] == [key]
