@@ -28,11 +28,13 @@ RSS.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import statistics
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import msgpack
@@ -144,8 +146,6 @@ def measure(handler, ids: dict, s3, objects: int, work: Path, env: dict, repeat:
 
 def raw_listing_ms(url: str, token: str | None, path: str, expect: int, repeat: int) -> float:
     """Median milliseconds of ``repeat`` GETs of ``path`` by http.client (msgpack decoded)."""
-    import http.client
-    import urllib.parse
     conn = http.client.HTTPConnection(urllib.parse.urlsplit(url).netloc)
     headers = {"Accept": "application/msgpack"}
     if token:

@@ -419,7 +419,7 @@ class Uploads:
                         break
                 # holding back, the loop looks again by itself: the closes meanwhile need not
                 # wake it (but for the file bound), nor sum the backlog's bytes each time
-                self._holding_back = limit == 0 and next_at < math.inf
+                self._holding_back = limit == 0
                 with trio.move_on_at(next_at):
                     await kick.wait()
                 self._holding_back = False
