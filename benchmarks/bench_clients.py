@@ -2,7 +2,7 @@
 at a fixed rate; publish → visible latency, the handler's CPU and memory, client errors.
 
     .venv/bin/python -m benchmarks.bench_clients [--clients 10,100,1000] [--rate 1000]
-                                                 [--seconds 30] [--processes 4] [--save NAME]
+                                                 [--seconds 30] [--processes 4] [--views V] [--save NAME]
                                                  [--plot docs/handler-clients.png]
 
 Real RabbitMQ, MinIO and ``delvefs eventhandler`` (benchmarks.bench_tree's ``services``), on
@@ -26,6 +26,15 @@ every process). Handler CPU: user + system seconds of its process from the first
 the last event seen; RSS at the end and its peak (VmHWM, since the handler's start: it is
 restarted for each N on the same state). Errors: every exception a client met (register,
 list, stream), and events a client never saw.
+
+Sizing a shard: a second table gives the handler's CPU seconds per 1,000 deliveries (a
+delivery is an (event, client) pair due: every event × the clients following its view) and
+its RSS, each also as a ratio to the first point, apart for the API's event loop (the main
+thread: the streams) and the consumer's threads, and what one core carries at each point's
+mix; below it, the handler's CPU split into parts per commit, per event and per delivery (a
+fit, valid while the clients keep up: a backlog makes the writes bigger and each delivery
+cheaper, or, past the feed's memory, dearer), and what one core would carry at 1 to 1,000
+clients per event (docs/PERFORMANCE.md, *Sizing a shard*).
 """
 from __future__ import annotations
 
@@ -57,6 +66,7 @@ MAX_VIEWS = 100
 # clients of one process registering and listing at once: mounts start at different times,
 # and a thousand proofs at once would wait for the handler's connections to the store
 STARTING = 8
+IDLE_S = 5.0  # seconds the handler's CPU is measured with the streams open, before the events
 
 
 def view_count(clients: int) -> int:
@@ -103,6 +113,14 @@ def runqueue_wait_s(pid: int) -> float:
         except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
             pass
     return total / 1e9
+
+
+def loop_cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of the handler's main thread so far: its API's event loop
+    (requests, the change streams and the feed's reads), apart from the consumer's threads."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -223,14 +241,18 @@ def run_point(amqp_url: str, handler: HandlerProcess, bucket: str, proof: str, c
     setup_s = time.perf_counter() - t
     load_before = os.getloadavg()
     pid = handler.proc.pid
-    cpu0, t0, wait0 = cpu_seconds(pid), time.perf_counter(), runqueue_wait_s(pid)
+    # the handler's CPU with every stream open and no event: what it costs before any work
+    idle0 = cpu_seconds(pid)
+    time.sleep(IDLE_S)
+    idle_cpu = (cpu_seconds(pid) - idle0) / IDLE_S
+    cpu0, t0, wait0, loop0 = cpu_seconds(pid), time.perf_counter(), runqueue_wait_s(pid), loop_cpu_seconds(pid)
     with ctx.Pool(1) as pool:  # its own process: the clients must not wait for it (GIL)
         published = pool.apply(publish_times, (amqp_url, n, rate),
                                {"bucket": bucket, "key": functools.partial(event_key, views, tag)})
     for pipe in pipes:
         pipe.send(("drain", n, 30.0))
     answers = [pipe.recv() for pipe in pipes]
-    cpu1, t1, wait1 = cpu_seconds(pid), time.perf_counter(), runqueue_wait_s(pid)
+    cpu1, t1, wait1, loop1 = cpu_seconds(pid), time.perf_counter(), runqueue_wait_s(pid), loop_cpu_seconds(pid)
     load_after = os.getloadavg()
     # the handler's own part: publish (the sequencer) → batch committed; and its batches
     text = handler.api.metrics()
@@ -240,7 +262,7 @@ def run_point(amqp_url: str, handler: HandlerProcess, bucket: str, proof: str, c
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    timeline, errors, missing, setups = [], [], 0, []
+    timeline, errors, missing, setups, deliveries = [], [], 0, [], 0
     for answer in answers:
         for c in answer["clients"]:
             errors += c["errors"]
@@ -248,6 +270,7 @@ def run_point(amqp_url: str, handler: HandlerProcess, bucket: str, proof: str, c
             want = range(c["view"], n, views)
             missing += sum(1 for i in want if i not in c["seen"])
             timeline += [(i, (c["seen"][i] - published[i]) * 1000) for i in want if i in c["seen"]]
+            deliveries += len(want)
     latencies = [lat for _i, lat in timeline]
     by_second: dict[int, list[float]] = {}
     for i, lat in timeline:
@@ -263,7 +286,15 @@ def run_point(amqp_url: str, handler: HandlerProcess, bucket: str, proof: str, c
             "committed_p50_ms": 1000 * bucket_quantile(committed, 0.5),
             "committed_p99_ms": 1000 * bucket_quantile(committed, 0.99),
             "batches": batches[-1][1] if batches else 0,
-            "handler_cpu_s": cpu1 - cpu0, "window_s": t1 - t0,
+            "handler_cpu_s": cpu1 - cpu0, "window_s": t1 - t0, "handler_idle_cpu": idle_cpu,
+            # (event, client) pairs due: every event × the clients following its view
+            "deliveries": deliveries,
+            "cpu_s_per_1000_deliveries": 1000 * (cpu1 - cpu0) / deliveries if deliveries else float("nan"),
+            # of it, the API's event loop (the streams' side; the rest is the consumer's)
+            "loop_cpu_s": sum(loop1) - sum(loop0),
+            "loop_cpu_s_per_1000_deliveries": 1000 * (sum(loop1) - sum(loop0)) / deliveries if deliveries else float("nan"),
+            # of it in the kernel (the streams' sends: loopback TCP, waking the clients)
+            "loop_system_s": loop1[1] - loop0[1],
             # runnable, but no core free: the machine's share, not the handler's work
             "handler_runqueue_wait_s": wait1 - wait0,
             "handler_rss_mib": rss_mib(pid), "handler_peak_rss_mib": peak_rss_mib(pid),
@@ -291,6 +322,100 @@ def table(rows: list[dict]) -> str:
             f"| {r['handler_rss_mib']:.0f} MiB ({r['handler_peak_rss_mib']:.0f} MiB) | {r['errors']} "
             f"| {r['missing']} | {r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
     return "\n".join(lines)
+
+
+def deliveries_of(r: dict) -> int:
+    return r.get("deliveries", r["events"] * r["clients"] // r["views"])
+
+
+def per_1000(seconds: float, count: int) -> float:
+    return 1000 * seconds / count if count else float("nan")
+
+
+def cost_table(rows: list[dict]) -> str:
+    """The handler's CPU per 1,000 deliveries (all of it, and its API loop's: the streams'
+    side) and its memory, each also as a ratio to the first row."""
+    lines = ["| clients | views | clients per event | events | deliveries | batches | handler CPU (idle: % of a core) "
+             "| CPU s per 1,000 deliveries | ÷ first row | of which API loop (kernel) | loop CPU s per 1,000 deliveries "
+             "| ÷ first row | consumer side, CPU s per 1,000 events | one core's worth at this mix: events/s "
+             "(deliveries/s) | RSS (peak) | ÷ first row |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
+    if not rows:
+        return "\n".join(lines)
+    base = rows[0]
+    nan = float("nan")
+
+    def total(r):
+        return per_1000(r["handler_cpu_s"], deliveries_of(r))
+
+    def loop(r):
+        return per_1000(r.get("loop_cpu_s", nan), deliveries_of(r))
+    for r in rows:
+        d = deliveries_of(r)
+        lines.append(
+            f"| {r['clients']:,} | {r['views']} | {d / max(1, r['events']):g} | {r['events']:,} | {d:,} "
+            f"| {r.get('batches', nan):,.0f} | {r['handler_cpu_s']:.1f} s "
+            + (f"({r['handler_idle_cpu']:.1%}) " if "handler_idle_cpu" in r else "")
+            + f"| {total(r):.3f} s "
+            f"| {total(r) / total(base):.2f}× | {r.get('loop_cpu_s', nan):.1f} s "
+            + (f"({r['loop_system_s']:.1f} s) " if "loop_system_s" in r else "")
+            + f"| {loop(r):.4f} s "
+            f"| {loop(r) / loop(base):.2f}× "
+            f"| {per_1000(r['handler_cpu_s'] - r.get('loop_cpu_s', nan), r['events']):.3f} s "
+            f"| {r['events'] / r['handler_cpu_s']:,.0f} ({d / r['handler_cpu_s']:,.0f}) "
+            f"| {r['handler_rss_mib']:.0f} MiB ({r['handler_peak_rss_mib']:.0f} MiB) "
+            f"| {r['handler_rss_mib'] / base['handler_rss_mib']:.2f}× |")
+    return "\n".join(lines)
+
+
+def fit2(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, float] | None:
+    """Least squares of y = a × x1 + b × x2 (no constant); None when x1 and x2 do not vary
+    apart (or a part comes out negative: too noisy to split)."""
+    s11, s22 = sum(a * a for a in x1), sum(b * b for b in x2)
+    s12 = sum(a * b for a, b in zip(x1, x2))
+    det = s11 * s22 - s12 * s12
+    if det <= 1e-9 * s11 * s22:
+        return None
+    s1y, s2y = sum(a * c for a, c in zip(x1, y)), sum(b * c for b, c in zip(x2, y))
+    a, b = (s22 * s1y - s12 * s2y) / det, (s11 * s2y - s12 * s1y) / det
+    return (a, b) if a >= 0 and b >= 0 else None
+
+
+def sizing(rows: list[dict]) -> dict | None:
+    """The handler's CPU split into parts per commit (a batch of events), per event and per
+    delivery, in ms of a core: least-squares fits over the rows of its consumer's threads'
+    CPU = commits × c + events × e (decoding, LevelDB, matching, acks) and its API loop's =
+    commits × c' + deliveries × d (the feed's read and the wake-up at each commit; each
+    stream's wake-up and write). The rows must differ in commits per event (a handler kept
+    busy batches more) and in clients per event; else None."""
+    rows = [r for r in rows if r["events"] and "loop_cpu_s" in r and r.get("batches")]
+    if len(rows) < 2:
+        return None
+    commits = [r["batches"] for r in rows]
+    idle = [r.get("handler_idle_cpu", 0.0) * r["window_s"] for r in rows]
+    consumer = fit2(commits, [r["events"] for r in rows],
+                    [r["handler_cpu_s"] - r["loop_cpu_s"] - i for r, i in zip(rows, idle)])
+    loop = fit2(commits, [deliveries_of(r) for r in rows], [r["loop_cpu_s"] for r in rows])
+    if consumer is None or loop is None:
+        return None
+    return {"per_commit_ms": 1000 * (consumer[0] + loop[0]), "per_event_ms": 1000 * consumer[1],
+            "per_delivery_ms": 1000 * loop[1], "idle": max(r.get("handler_idle_cpu", 0.0) for r in rows),
+            "consumer_per_commit_ms": 1000 * consumer[0], "loop_per_commit_ms": 1000 * loop[0]}
+
+
+def sizing_text(rows: list[dict]) -> str:
+    fit = sizing(rows)
+    if fit is None:
+        return "sizing: the rows do not differ enough in commits and clients per event to split the CPU"
+    c, e, d = fit["per_commit_ms"] / 1000, fit["per_event_ms"] / 1000, fit["per_delivery_ms"] / 1000
+    out = [f"sizing: handler CPU ≈ commits × {1000 * c:.3f} ms (consumer {fit['consumer_per_commit_ms']:.3f}, "
+           f"API loop {fit['loop_per_commit_ms']:.3f}) + events × {1000 * e:.3f} ms + deliveries × {1000 * d:.4f} ms "
+           f"+ {fit['idle']:.1%} of a core idle; a trickle commits every event, a busy handler batches"]
+    for n in (1, 10, 100, 1000):
+        worst, batched = (1 - fit["idle"]) / (c + e + n * d), (1 - fit["idle"]) / (e + n * d)
+        out.append(f"  one core, {n:,} clients following each event: {worst:,.0f} events/s committed one by one "
+                   f"({n * worst:,.0f} deliveries/s), {batched:,.0f} in large batches ({n * batched:,.0f} deliveries/s)")
+    return "\n".join(out)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -326,6 +451,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="events/s")
     ap.add_argument("--seconds", type=float, default=30.0, help="of publishing, per client count")
     ap.add_argument("--processes", type=int, default=4, help="client processes (clients are threads)")
+    ap.add_argument("--views", type=int, help="views at every point (default: one per client, at most 100)")
     ap.add_argument("--save", metavar="NAME", help="keep the results as results/clients-NAME.json")
     ap.add_argument("--plot", metavar="PNG", help="write the latency / handler curve")
     args = ap.parse_args(argv)
@@ -336,7 +462,8 @@ def main(argv=None) -> int:
             handler.stop()  # a fresh process per point (the same state): its own peak RSS
             handler.start()
             row = run_point(os.environ["DELVEFS_AMQP_URL"], handler, BUCKET, proof, clients,
-                            rate=args.rate, seconds=args.seconds, processes=args.processes, tag=f"n{clients}")
+                            rate=args.rate, seconds=args.seconds, processes=args.processes, tag=f"n{clients}",
+                            views=args.views and min(args.views, clients))
             log(f"# {clients} clients: " + json.dumps({k: v for k, v in row.items() if k != "error_samples"}))
             for sample in row["error_samples"]:
                 log(f"#   error: {sample}")
@@ -346,6 +473,10 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(rows, indent=2))
     log(f"results: {out}")
     print(table(rows))
+    print()
+    print(cost_table(rows))
+    print()
+    print(sizing_text(rows))
     if args.plot:
         plot(rows, Path(args.plot))
     return 0

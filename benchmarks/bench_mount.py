@@ -12,6 +12,12 @@ Measures (docs/PERFORMANCE.md, "## Mount (read path)"):
   * stat rate of files in a listed view (kernel lookups, not cached) vs boto3 head_object;
   * sequential read of a big object through a fresh mount vs boto3 download_file + read;
   * references: boto3 listing, head_object rate, download_file throughput;
+  * passthrough (``--only passthrough``): re-reading the big object once it is whole in the
+    cache directory, ``--passthrough on`` and ``off``, against the same bytes in a file on
+    the cache directory's disk: with every page cache dropped (``drop_caches``: the bytes
+    come from disk) and with the cache file's pages hot but the mount file's dropped
+    (``posix_fadvise(DONTNEED)`` on it: what memory pressure leaves when a file is cached
+    twice, in the mount's pages and in the cache file's); best of 3, MiB/s;
   * the floor (benchmarks/floorfs.py: a pyfuse3 file system mounted as DelveFS's is, with a
     directory of the same N names of 100 bytes, a 100-file one and a big file of zeros, all
     in memory) doing the same: what the kernel, the binding and the machine cost.
@@ -127,7 +133,7 @@ class DelveMount:
         self.env, self.work, self.handler_url = env, work, handler_url
         self.n = 0
 
-    def mount(self, views_text: str) -> tuple[float, Path]:
+    def mount(self, views_text: str, *extra: str) -> tuple[float, Path]:
         self.n += 1
         views = self.work / f"views-{self.n}.yaml"
         views.write_text(views_text)
@@ -135,7 +141,7 @@ class DelveMount:
         mp.mkdir()
         t = time.perf_counter()
         r = subprocess.run([DELVEFS, "mount", str(views), str(mp), "--cache-dir", str(self.work / f"cache-{self.n}"),
-                            "--handler", self.handler_url], env=self.env, capture_output=True, text=True)
+                            "--handler", self.handler_url, *extra], env=self.env, capture_output=True, text=True)
         dt = time.perf_counter() - t
         if r.returncode:
             raise RuntimeError(r.stderr)
@@ -245,6 +251,78 @@ def bench_delvefs(env, work: Path, handler, n: int, big_key: str, res: dict):
     res["big_bytes"] = total
     log(f"delvefs big read {total / (t2 - t1) / 2**20:.0f} MiB/s ({t2 - t1:.2f} s, +mount {t1 - t0:.2f} s)")
     dm.umount(mp)
+
+
+def read_file(path, drop_own_pages: bool = False) -> tuple[float, int]:
+    """Seconds to read ``path`` with 1 MiB reads, and its bytes (its own pages dropped
+    first: ``drop_own_pages``)."""
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        if drop_own_pages:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        t = time.perf_counter()
+        while chunk := f.read(1 << 20):
+            total += len(chunk)
+        return time.perf_counter() - t, total
+
+
+def bench_passthrough(env, work: Path, handler, big_key: str, res: dict, repeat: int = 3):
+    """Re-reads of the big object once it is whole in the cache directory, with passthrough
+    on and off, against the same bytes in a local file (see the module's docstring)."""
+    dm = DelveMount(env, work, handler.url)
+    local = None
+    for mode in ("on", "off"):
+        t, mp = dm.mount(views_big(), "--passthrough", mode)
+        try:
+            path = mp / "big" / big_key.split("/", 1)[1]
+            read_file(path)  # fetched whole into the cache directory
+            st = json.loads(subprocess.run([DELVEFS, "status", "--json", str(mp)], env=env,
+                                           capture_output=True, text=True, check=True).stdout)
+            res[f"passthrough_{mode}_state"] = st["passthrough"]["state"]
+            if local is None:  # the reference: the same bytes in a file of the same disk
+                local = work / "local-copy.bin"
+                with open(path, "rb") as src, open(local, "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                for which in ("cold", "hot"):
+                    times = []
+                    for _ in range(repeat):
+                        if which == "cold":
+                            drop_caches()
+                        times.append(read_file(local)[0])
+                    res[f"local_{which}_reread_s"] = min(times)
+            for which in ("cold", "hot"):
+                times = []
+                for _ in range(repeat):
+                    if which == "cold":
+                        drop_caches()
+                    else:
+                        read_file(path)  # the cache file's pages in memory
+                    dt, total = read_file(path, drop_own_pages=True)
+                    assert total == res["big_bytes"], total
+                    times.append(dt)
+                res[f"passthrough_{mode}_{which}_reread_s"] = min(times)
+            log(f"delvefs passthrough={mode} ({res[f'passthrough_{mode}_state']}): re-read "
+                + ", ".join(f"{which} {res['big_bytes'] / res[f'passthrough_{mode}_{which}_reread_s'] / 2**20:.0f} MiB/s"
+                            for which in ("cold", "hot")))
+        finally:
+            dm.umount(mp)
+    log("local file: re-read " + ", ".join(
+        f"{which} {res['big_bytes'] / res[f'local_{which}_reread_s'] / 2**20:.0f} MiB/s" for which in ("cold", "hot")))
+
+
+def passthrough_table(res: dict, big_mib: int) -> str:
+    """MiB/s of the re-reads of ``bench_passthrough``."""
+    def rate(key):
+        v = res.get(key)
+        return f"{res['big_bytes'] / v / 2**20:,.0f} MiB/s ({v:.2f} s)" if v else "—"
+    lines = [f"| re-read of a {big_mib} MiB file whole in the cache directory | local file | "
+             "passthrough on | passthrough off |", "|---|---|---|---|"]
+    for which, what in (("cold", "page cache dropped (from disk)"),
+                        ("hot", "cache file's pages hot, the mount file's dropped")):
+        lines.append(f"| {what} | {rate(f'local_{which}_reread_s')} | "
+                     f"{rate(f'passthrough_on_{which}_reread_s')} | {rate(f'passthrough_off_{which}_reread_s')} |")
+    return "\n".join(lines)
 
 
 def stat_rate(directory: Path, n: int) -> float:
@@ -412,7 +490,7 @@ def main(argv=None) -> int:
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--skip-others", action="store_true", help="skip s3fs and rclone")
     ap.add_argument("--populate-only", action="store_true")
-    ap.add_argument("--only", help="comma-separated parts: boto3,delvefs,floor,s3fs,rclone")
+    ap.add_argument("--only", help="comma-separated parts: boto3,delvefs,floor,s3fs,rclone,passthrough")
     add_cpu_option(ap)
     args = ap.parse_args(argv)
     modes = cpu_modes(args.cpus)
@@ -441,7 +519,8 @@ def main(argv=None) -> int:
                 here.mkdir()
                 parts = [("boto3", functools.partial(bench_boto3, client, args.objects, big_key, here, res)),
                          ("delvefs", functools.partial(bench_delvefs, env, here, handler, args.objects, big_key, res)),
-                         ("floor", functools.partial(bench_floor, here, args.objects, args.big_mib, res))]
+                         ("floor", functools.partial(bench_floor, here, args.objects, args.big_mib, res)),
+                         ("passthrough", functools.partial(bench_passthrough, env, here, handler, big_key, res))]
                 if not args.skip_others:
                     parts += [("s3fs", functools.partial(bench_s3fs, env, here, args.objects, res)),
                               ("rclone", functools.partial(bench_rclone, env, here, args.objects, res))]
@@ -455,7 +534,11 @@ def main(argv=None) -> int:
     log(f"results: {out}")
     for mode in modes:
         print(f"\n{CPU_MODES[mode]}:\n")
-        print(table(results[mode], args.objects, args.big_mib))
+        if not args.only or set(args.only.split(",")) - {"passthrough"}:
+            print(table(results[mode], args.objects, args.big_mib))
+            print()
+        if "passthrough_on_hot_reread_s" in results[mode]:
+            print(passthrough_table(results[mode], args.big_mib))
     return 0
 
 

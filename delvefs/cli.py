@@ -113,10 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sync", help="wait until everything a mount has queued reached S3",
                        description="Upload every closed file of MOUNT not yet in S3 and send its "
                                    "queued deletes now, and wait for them (eager mounts queue "
-                                   "them). Exit status 1, naming each file and why, if any failed.")
+                                   "them); then wait until the event handler has every change "
+                                   "the mount made, so that a mount started afterwards shows "
+                                   "them. Exit status 1, naming each file and why, if any "
+                                   "failed; 2 when all is in S3 but the event handler has not "
+                                   "seen some of it within --handler-wait.")
     p.add_argument("mountpoint", metavar="MOUNT")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds to wait for the mount's answer (default 3600)")
+    p.add_argument("--handler-wait", type=float, default=60.0, metavar="SECONDS",
+                   help="longest wait for the event handler to see the changes (default 60)")
+    p.add_argument("--no-wait-handler", action="store_true",
+                   help="return once everything is in S3, without waiting for the event handler")
 
     p = sub.add_parser("check", help="validate a views file; optionally match objects",
                        description="Validate VIEWS.yaml. With --objects, print one JSON line per "
@@ -126,10 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one JSON object a line: bucket, key, size, mtime, [atime], tags, metadata")
 
     p = sub.add_parser("status", help="what a mount or the event handler is doing",
-                       description="MOUNT: its views and how fresh they are, files not in S3 yet "
-                                   "(pending, uploading, failed, conflict), the cache. --handler: "
-                                   "the handler's event source and lag, buckets with scan progress, "
-                                   "views, dead letters (what your token may see).")
+                       description="MOUNT: its daemon's pid and pid record, its views and how "
+                                   "fresh they are, files not in S3 yet (pending, uploading, "
+                                   "failed, conflict), the cache. --handler: the handler's event "
+                                   "source and lag, buckets with scan progress, views, work-queue "
+                                   "groups and their members, dead letters (what your token may see).")
     p.add_argument("mountpoint", metavar="MOUNT", nargs="?")
     p.add_argument("--handler", nargs="?", const="", metavar="URL",
                    help="ask the event handler instead (default URL: $DELVEFS_HANDLER_URL)")
@@ -144,14 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the mount's answer (default 120)")
 
-    p = sub.add_parser("shards", help="show the shard map; move a bucket to another shard",
+    p = sub.add_parser("shards", help="show the shard map; which shard owns a bucket; move a "
+                       "bucket to another shard",
                        description="show: each shard of the map ($DELVEFS_HANDLER_URL) and what it "
-                                   "answers. move BUCKET --to SHARD: the bucket's owner stops taking "
+                                   "answers. owner BUCKET...: the shard that owns each bucket, used "
+                                   "or not, from the map and the handoffs the shards report. move "
+                                   "BUCKET --to SHARD: the bucket's owner stops taking "
                                    "its events, applies what is queued and forgets it; SHARD scans it "
                                    "when mounts, told by a 421, register there. Write the placement "
                                    "printed into the map afterwards.")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("show", help="each shard, its URLs and the buckets it serves")
+    a = actions.add_parser("owner", help="the shard that owns each BUCKET (used or not)",
+                           description="The shard that owns each BUCKET: placed in the map "
+                                       "(@BUCKET=SHARD), handed off (as the shards report, when "
+                                       "they answer), else by rendezvous hashing over the map's "
+                                       "shard names. Exit status 1 when the shards disagree.")
+    a.add_argument("buckets", nargs="+", metavar="BUCKET")
+    a.add_argument("--json", action="store_true",
+                   help='print [{"bucket", "shard", "urls", "by"}] as JSON')
     a = actions.add_parser("move", help="hand BUCKET to shard SHARD")
     a.add_argument("bucket", metavar="BUCKET")
     a.add_argument("--to", required=True, metavar="SHARD")
@@ -179,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-failures", type=int, default=None, metavar="N",
                    help="with --group, when the group is made: failed attempts after which a file "
                         "is set aside as failed (default 3)")
+    p.add_argument("--ready-file", metavar="PATH",
+                   help="create PATH (holding the pid) once every file that appears from then on "
+                        "will be seen; removed at start and at exit")
     _add_version(parser)
     for command in sub.choices.values():  # every subcommand, and theirs, answers --version
         _add_version(command)

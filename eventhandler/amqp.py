@@ -24,6 +24,14 @@ unacked messages are redelivered by the broker and re-applying them changes noth
 connection succeeds after failed attempts, the tracked buckets are reconciled: MinIO without
 a queue dir drops the events it cannot publish while the broker is away.
 
+A *fence* (``request_fence``) tells a caller when everything the queue held at the moment
+it asked has been applied: the consumer thread publishes a message with the header
+``x-delvefs-fence`` to its own queue (default exchange), and the batch that brings it back
+calls the caller once its events are committed. A queue delivers to its one active consumer
+in order, so every event enqueued before the fence (an object whose PUT returned, when MinIO
+publishes synchronously) is applied by then. Fence messages are acked with their batch and
+never applied or dead-lettered. A handler that is not consuming sets no fence.
+
 A handler that is one shard (``--shard``, eventhandler/sharding.py) gets only its own
 buckets' events, routed by the broker: a headers exchange ``X.buckets``, bound to ``X``
 (exchange-to-exchange), routes on MinIO's ``minio-bucket`` header; the shard's queue (default
@@ -48,6 +56,7 @@ LevelDB may refuse every later write until it is reopened. A restart re-applies 
 from __future__ import annotations
 
 import logging
+import itertools
 import os
 import threading
 import time
@@ -60,6 +69,8 @@ from .events import InvalidEvent, message_bucket, parse_message
 from .statedb import StorageError
 
 log = logging.getLogger("delvefs.eventhandler.amqp")
+
+FENCE_HEADER = "x-delvefs-fence"
 
 
 def queue_names(exchange: str, queue: str | None = None, shard: str | None = None) -> tuple[str, str]:
@@ -229,6 +240,9 @@ class Consumer(threading.Thread):
         self.fatal: str | None = None  # why consuming stopped for good (the state cannot be written)
         self.unreachable_since: float | None = None  # monotonic time of the first failed connect
         self._on_fatal = on_fatal or (lambda reason: None)
+        self._fences: dict[str, object] = {}  # fence id -> its callback (any thread)
+        # ids of this process alone: a fence an earlier handler left in the queue passes nothing
+        self._fence_ids = (f"{os.urandom(8).hex()}-{n}" for n in itertools.count(1))
 
     def stop(self, timeout: float = 30) -> None:
         """Finish the batch in hand, ack it, close the connection."""
@@ -379,6 +393,35 @@ class Consumer(threading.Thread):
             raise result[0]
         return result[0]
 
+    def request_fence(self, passed) -> bool:
+        """Call ``passed()`` (on the consumer thread) once every message the queue holds now
+        has been applied; False when no fence can be set (not consuming)."""
+        conn = self._conn
+        if conn is None or self._channel is None or not self.connected.is_set():
+            return False
+        number = next(self._fence_ids)
+        self._fences[number] = passed
+
+        def publish() -> None:
+            try:
+                self._channel.basic_publish("", self.queue, b"", pika.BasicProperties(
+                    headers={FENCE_HEADER: number}, delivery_mode=1))
+            except Exception as exc:  # the connection is going: the caller's wait runs out
+                log.debug("fence %d not published: %s", number, exc)
+                self._fences.pop(number, None)
+        try:
+            conn.add_callback_threadsafe(publish)
+        except Exception:  # the connection is closing
+            self._fences.pop(number, None)
+            return False
+        return True
+
+    def drop_fence(self, passed) -> None:
+        """Forget a fence whose caller stopped waiting."""
+        for number, fn in list(self._fences.items()):
+            if fn is passed:
+                self._fences.pop(number, None)
+
     def bind(self, buckets) -> None:
         """Bind the shard's queue for ``buckets`` before their first scans begin, so that no
         event of theirs is routed nowhere meanwhile (any thread but the consumer's)."""
@@ -511,7 +554,11 @@ class Consumer(threading.Thread):
         sharding = self.sharding
         messages = []
         dropped = 0
+        fences = []
         for tag, props, body in batch:
+            if props.headers and FENCE_HEADER in props.headers:
+                fences.append(props.headers[FENCE_HEADER])
+                continue
             bucket = message_bucket(props.headers)
             if bucket is not None and bucket not in tracked:
                 dropped += 1
@@ -537,6 +584,12 @@ class Consumer(threading.Thread):
         if len(invalid) < len(batch):
             ch.basic_ack(batch[-1][0] if batch[-1][0] not in invalid else
                          max(t for t, _, _ in batch if t not in invalid), multiple=True)
+        for number in fences:  # (a fence of an earlier connection, or of another handler: none here)
+            if isinstance(number, bytes):
+                number = number.decode("ascii", "replace")
+            passed = self._fences.pop(number, None)
+            if passed is not None:
+                passed()
 
 
 class EventPublisher:

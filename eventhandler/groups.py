@@ -9,7 +9,9 @@ WriteBatch with the records). A file is
 
 - *pending* until a member claims it;
 - *in flight* while the member holds its lease (``lease`` seconds, renewed while it works);
-  when the lease runs out the attempt failed and the file is pending again;
+  when the lease runs out the attempt failed and the file is pending again; a member that
+  leaves, or gives the file back without working on it (its mount could not show it), makes
+  it pending again without counting the attempt;
 - *done* when the member acknowledged it;
 - *failed* (set aside) when ``max_failures`` attempts failed: reported failures and lapsed
   leases alike.
@@ -220,6 +222,30 @@ class WorkGroup:
             self.wake()
         return item.state
 
+    def give_back(self, mid: str, key: str, in_view: bool) -> str:
+        """Member ``mid`` gives back ``key`` without having worked on it (its mount could
+        not show the file): pending again, first in line, the attempt not counted — or,
+        when the file left the view meanwhile (``in_view`` false), it leaves the group. Only
+        the member holding the file may; the file's state afterwards (``removed`` when it
+        left the group)."""
+        item = self.items.get(key)
+        if item is None:
+            rec = self.store.get_work(self.vid, self.name, key)
+            return rec[0] if rec else "unknown"
+        if item.state != r.IN_FLIGHT or item.member != mid:
+            return item.state
+        item.attempts -= 1
+        if not in_view:
+            # (a deletion while in flight left the file in the group until its end: this is it)
+            del self.items[key]
+            self._commit(removed=[key])
+            return "removed"
+        item.state, item.member, item.until = r.PENDING, None, 0.0
+        self.queue.appendleft(key)
+        self._commit([item])
+        self.wake()
+        return r.PENDING
+
     def release(self, mid: str) -> int:
         """Member ``mid`` leaves: its files are pending again, the attempts not counted."""
         held = [i for i in self.items.values() if i.state == r.IN_FLIGHT and i.member == mid]
@@ -316,6 +342,12 @@ def read_news(engine, info, group: WorkGroup, relist: bool) -> dict:
         known = op == "put" and group.store.get_work(group.vid, group.name, key) is not None
         news.append((key, op, v, props, known))
     return {"kind": kind, "version": version, "more": more, "files": news}
+
+
+def in_view(engine, info, key: str) -> bool:
+    """Whether the view has ``key`` now (the handler's record of the object)."""
+    rec = engine.store.get_object(info.bucket, key)
+    return rec is not None and not r.is_deleted(rec) and r.bits_has(rec[r.OBJ_SLOTS], info.slot)
 
 
 def needs_listing(engine, info, group: WorkGroup) -> bool:

@@ -5,7 +5,7 @@ commit (one WriteBatch: a client's next listing or delta shows all of them, or n
 What a mount writes is delvefs/shared/publish.py. Here:
 
 - An object event whose user metadata names a batch (``delvefs-batch``) is *held*: its
-  record gets ``HELD`` (in no view; ``_finalize``) and an ``H`` entry under the batch; the
+  record gets ``HELD`` (in no view; the committer, apply.py) and an ``H`` entry under the batch; the
   batch gets a ``P`` record with its deadline: its creation time (from its id), or when
   the handler first saw it if that is earlier, plus the publish timeout.
 - A manifest's event (``PARENT/.delvefs-publish-BATCH``; never an object of any view)
@@ -22,8 +22,8 @@ What a mount writes is delvefs/shared/publish.py. Here:
   is kept until then, so that a copy of one of its objects (which carries the metadata)
   is not held again; an object naming a batch past its deadline is never held.
 
-Everything state-changing here runs under ``Engine.lock`` and commits through
-``_finalize``; held state is in LevelDB, so a restart or a standby's takeover resumes it.
+Everything state-changing here runs under ``Engine.lock`` and commits through the
+committer (apply.py); held state is in LevelDB, so a restart or a standby's takeover resumes it.
 """
 from __future__ import annotations
 
@@ -41,15 +41,22 @@ MAX_BATCH = 1_000_000  # a manifest naming more objects is not believed
 
 
 class BatchPublisher:
-    """Part of ``Engine`` (a mixin): ``self._batches`` ({(bucket, batch): record dict}) is
-    the in-memory copy of the ``P`` records; call with ``Engine.lock`` held unless said."""
+    """The ``publisher`` part of ``Engine``: owns ``_batches`` ({(bucket, batch): record
+    dict}), the in-memory copy of the ``P`` records (replaced, never changed in place;
+    loaded when built). Call with ``Engine.lock`` held unless said."""
 
-    publish_timeout = DEFAULT_PUBLISH_TIMEOUT
+    def __init__(self, lock, store, metrics, catalog, committer, background,
+                 publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT):
+        self.lock = lock
+        self.store = store
+        self.metrics = metrics
+        self.catalog = catalog
+        self.committer = committer
+        self.background = background
+        self.publish_timeout = publish_timeout  # a published batch is shown by then at the latest
+        self._batches: dict[tuple[str, str], dict] = store.load_batches()
 
-    def _load_batches(self) -> None:
-        self._batches = self.store.load_batches()
-
-    def _hold_batch(self, bucket: str, metadata: dict, now: float) -> str | None:
+    def hold_batch(self, bucket: str, metadata: dict, now: float) -> str | None:
         """The batch an object event's record is to be held for, else None."""
         batch = metadata.get(pub.BATCH_FIELD)
         if not pub.valid_batch(batch):
@@ -59,7 +66,7 @@ class BatchPublisher:
             return None if rec["committed"] or rec["deadline"] <= now else batch
         return batch if min(pub.batch_time(batch), now) + self.publish_timeout > now else None
 
-    def _batch_writes(self, holds, manifests, now: float):
+    def batch_writes(self, holds, manifests, now: float):
         """Note held objects (bucket, batch, key, seq, etag) and manifest events; the
         batches touched and a function adding their ``H``/``P`` records to a WriteBatch."""
         touched: set[tuple[str, str]] = set()
@@ -102,26 +109,22 @@ class BatchPublisher:
             self._batches = {**self._batches, (bucket, batch): rec}
         return rec
 
-    def _current(self, bucket: str, key: str):
-        rec = self._cache.get((bucket, key))
-        return rec if rec is not None else self.store.get_object(bucket, key)
-
     def _still_held(self, bucket: str, batch: str) -> list[tuple[str, list, bytes]]:
         """(key, record, H key) of the batch's objects that are still the versions held."""
         out = []
         for key, (seq, _etag) in self.store.held_members(bucket, batch):
-            rec = self._current(bucket, key)
+            rec = self.committer.cached(bucket, key)
             if rec is not None and r.is_held(rec) and r.seq_of(rec) == seq:
                 out.append((key, rec, r.k_held_member(bucket, batch, key)))
             else:
                 out.append((key, None, r.k_held_member(bucket, batch, key)))
         return out
 
-    def _commit_batches(self, batches) -> None:
+    def commit_batches(self, batches) -> None:
         """Release every batch of ``batches`` that is complete (see the module)."""
         for bucket, batch in batches:
             rec = self._batches.get((bucket, batch))
-            if rec is None or rec["committed"] or rec["count"] is None or bucket not in self.buckets:
+            if rec is None or rec["committed"] or rec["count"] is None or bucket not in self.catalog.buckets:
                 continue
             members = self._still_held(bucket, batch)
             live = [(key, obj) for key, obj, _ in members if obj is not None]
@@ -146,9 +149,9 @@ class BatchPublisher:
                 wb.delete(r.k_batch(bucket, batch))
             else:
                 wb.put(r.k_batch(bucket, batch), r.pack_batch(**keep))
-        self._finalize(work, extra=write)
+        self.committer.finalize(work, extra=write)
 
-    def _held_batches(self, work) -> set[tuple[str, str]]:
+    def held_batches(self, work) -> set[tuple[str, str]]:
         """The batches of the held records among ``work``'s new records."""
         out = set()
         for (bucket, _key), (_old, new) in work.items():
@@ -163,6 +166,7 @@ class BatchPublisher:
         Returns how many uncommitted batches were dropped."""
         now = time.time() if now is None else now
         dropped = 0
+        buckets = self.catalog.buckets
         with self.lock:
             for (bucket, batch), rec in list(self._batches.items()):
                 if rec["deadline"] > now:
@@ -170,7 +174,7 @@ class BatchPublisher:
                 batches = dict(self._batches)
                 del batches[(bucket, batch)]
                 self._batches = batches
-                members = self._still_held(bucket, batch) if bucket in self.buckets else []
+                members = self._still_held(bucket, batch) if bucket in buckets else []
                 if not rec["committed"]:
                     dropped += 1
                     shown = sum(1 for _, obj, _ in members if obj is not None)
@@ -179,7 +183,7 @@ class BatchPublisher:
                                 batch, bucket, "incomplete" if rec["count"] is not None
                                 else "no manifest", self.publish_timeout, shown)
                     self.metrics.publish_expired.inc()
-                if bucket in self.buckets:
+                if bucket in buckets:
                     self._release(bucket, batch, members, keep=None)
                 else:  # the bucket went with its last view: its records are kept, not its batches
                     wb = self.store.batch()
@@ -189,11 +193,11 @@ class BatchPublisher:
                     self.store.write(wb)
         return dropped
 
-    def _publish_loop(self) -> None:
-        """Background: drop the batches past their deadline."""
+    def run(self) -> None:
+        """The ``publish`` thread: drops the batches past their deadline."""
         interval = max(min(self.publish_timeout / 20, 30.0), 0.05)
-        while not self._stop.wait(interval):
+        while not self.background.stopping.wait(interval):
             try:
                 self.expire_batches()
             except Exception as exc:
-                self._background_failed(exc, "dropping expired publish batches")
+                self.background.failed(exc, "dropping expired publish batches")

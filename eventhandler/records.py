@@ -82,7 +82,7 @@ Invariants (each WriteBatch keeps them, so they hold after any crash):
 - ``props`` ({name: value}) is there iff a view of the entry's slots lists property values
   (``layout_by``): for every name those views list, the record's tag of that name, else
   its user metadata of that name (names lowercase; a name it lacks left out). Such a
-  record's tags and metadata are known (``_finalize`` fetches them first). Entries without
+  record's tags and metadata are known (``Committer.finalize`` fetches them first). Entries without
   ``props`` cost nothing more than before (the field is simply absent, so states written
   before it need no migration). A view's listing merges, in key order, the
   groups whose bitmap holds its slot: it reads its members and nothing else, however big
@@ -318,7 +318,7 @@ def with_tags(rec, tags, metadata) -> list:
 
 
 def to_match_again(rec) -> list:
-    """A copy of ``rec`` to be matched again (``_finalize`` decides whether it must wait
+    """A copy of ``rec`` to be matched again (``Committer.finalize`` decides whether it must wait
     for its tags or metadata first)."""
     return list(rec)
 
@@ -595,7 +595,7 @@ def etag_of(rec) -> str:
 
 
 def released(rec) -> list:
-    """A copy of a held record, no longer held (``_finalize`` matches it)."""
+    """A copy of a held record, no longer held (``Committer.finalize`` matches it)."""
     new = list(rec)
     new[OBJ_FLAGS] &= ~HELD
     return new

@@ -1,7 +1,7 @@
 """The engine's whole-bucket work, run in the ``delvefs-job`` pool (and the ``reconcile``
 thread): a bucket's first scan and the replay of the events held meanwhile, reconciles
-(re-listing to repair the state), rematches after a view was added, and compaction of old
-tombstones.
+(re-listing to repair the state), rematches after a view was added, compaction of old
+tombstones, and the clearing of a forgotten view's slot from a bucket's records.
 
 A listing page is read from S3 outside ``Engine.lock``; it is applied page by page, each
 under the lock in one WriteBatch. Held events are replayed in chunks with the lock left
@@ -18,11 +18,13 @@ from delvefs.shared.publish import manifest_batch
 
 from . import records as r
 from . import statedb as st
+from .apply import stored_props
 from .tracking import READY, SCANNING
 
 log = logging.getLogger("delvefs.eventhandler")
 
 CHUNK = 1000  # records per lock hold of rematches and compaction
+CLEAR_CHUNK = 1000  # records per lock hold when a forgotten view's slot is cleared
 REPLAY_CHUNK = 5000  # held events applied per lock hold
 
 
@@ -83,27 +85,45 @@ def scan_log_interval(env=os.environ) -> float:
 
 
 class Scanner:
-    """Part of ``Engine`` (a mixin)."""
+    """The ``scanner`` part of ``Engine``: its methods run as jobs (``background``), one per
+    bucket and kind at a time; each applies what it read under ``Engine.lock``, through the
+    committer (held events through the event applier).
 
-    @property
-    def scan_progress(self) -> dict[str, ScanProgress]:
-        """The listings under way, by bucket (one per bucket at a time: jobs of a bucket
-        run one after the other)."""
-        return self.__dict__.setdefault("_scan_progress", {})
+    Owns ``progress`` (the listings under way, by bucket; one per bucket at a time: jobs
+    of a bucket run one after the other) and the object counts of each bucket's last
+    complete listing (this process). Writes the ``BucketState`` fields of a bucket's scan
+    (``state``, ``tags``, ``scanned``, ``scan_error``, ``scan_listed``, ``rematch_needed``
+    back to False, ``purged``, ``groups`` rebuilt from the store) and ``ViewInfo.ready`` and
+    ``floor``. ``scan_retry``: first delay before a failed first scan is tried again."""
 
-    @property
-    def _listed_last(self) -> dict[str, int]:
-        """Objects of each bucket's last complete listing (this process)."""
-        return self.__dict__.setdefault("_scan_listed_last", {})
+    def __init__(self, lock, store, metrics, s3, s3_pool, catalog, committer, applier, tags,
+                 background, *, reconcile_interval: float = 0.0, tombstone_horizon: float = 86400.0,
+                 scan_retry: float = 1.0):
+        self.lock = lock
+        self.store = store
+        self.metrics = metrics
+        self.s3 = s3
+        self.s3_pool = s3_pool
+        self.catalog = catalog
+        self.committer = committer
+        self.applier = applier
+        self.tags = tags
+        self.background = background
+        self.reconcile_interval = reconcile_interval
+        self.tombstone_horizon = tombstone_horizon
+        self.scan_retry = scan_retry
+        self.progress: dict[str, ScanProgress] = {}
+        self._listed_last: dict[str, int] = {}
 
-    def _first_scan(self, bucket: str) -> dict | None:
+    def first_scan(self, bucket: str) -> dict | None:
         """A bucket's first scan, retried with backoff (``scan_retry`` s doubling up to a
         minute) until it succeeds: S3 away or refusing must not leave the bucket "scanning"
         until a restart. Meanwhile its views answer 503 and its events are held; a retry
         lists from the start (applying a listed page again changes nothing)."""
-        bs = self.buckets[bucket]
+        bs = self.catalog.buckets[bucket]
         delay = self.scan_retry
-        while not self._stop.is_set():
+        stopping = self.background.stopping
+        while not stopping.is_set():
             try:
                 counts = self._scan(bucket, True)
             except st.StorageError:
@@ -113,7 +133,7 @@ class Scanner:
                 self.metrics.scan_failures.inc()
                 log.warning("first scan of bucket %s failed (%s); retrying in %.1f s",
                             bucket, bs.scan_error, delay)
-                self._stop.wait(delay)
+                stopping.wait(delay)
                 delay = min(delay * 2, 60.0)
                 continue
             bs.scan_error = None
@@ -125,12 +145,12 @@ class Scanner:
         apply the events buffered meanwhile and declare the bucket ready)."""
         t0 = time.monotonic()
         self.metrics.scans.inc()
-        progress = self.scan_progress[bucket] = ScanProgress(
+        progress = self.progress[bucket] = ScanProgress(
             "first scan" if initial else "reconcile", self._listed_last.get(bucket))
         try:
             counts, complete = self._list_and_apply(bucket, initial, progress)
         finally:
-            self.scan_progress.pop(bucket, None)
+            self.progress.pop(bucket, None)
         if not complete:  # stopping
             return counts
         self._listed_last[bucket] = counts["listed"]
@@ -145,7 +165,7 @@ class Scanner:
         cutoff = _http_date_ns(self.s3.store_date(bucket))
         log_interval = scan_log_interval()
         for contents, _date in self.s3.list_pages(bucket):
-            if self._stop.is_set():
+            if self.background.stopping.is_set():
                 return counts, False
             if not contents:
                 continue
@@ -154,7 +174,7 @@ class Scanner:
             counts["listed"] += len(listed)
             progress.listed = counts["listed"]
             if initial:  # progress, for the 503 "scanning" answers meanwhile
-                self.buckets[bucket].scan_listed = counts["listed"]
+                self.catalog.buckets[bucket].scan_listed = counts["listed"]
             if time.monotonic() - progress.logged >= log_interval:
                 progress.logged = time.monotonic()
                 log.info("%s", progress_text(bucket, progress.report()))
@@ -168,34 +188,35 @@ class Scanner:
         """After a complete listing: retried tags and compaction (reconcile), or the held
         events and the switch to ready (first scan)."""
         if not initial:
-            counts["tags_retried"] = self._retry_failed_tags(bucket)
+            counts["tags_retried"] = self.tags.retry_failed(bucket)
             counts["purged"] = self.compact(bucket)
-        bs = self.buckets[bucket]
-        while initial and bs.rematch_needed and not self._stop.is_set():
+        bs = self.catalog.buckets[bucket]
+        while initial and bs.rematch_needed and not self.background.stopping.is_set():
             bs.rematch_needed = False
             self._rematch_objects(bucket)
         replayed = 0
         for _ in range(1000 if initial else 0):  # held events: in chunks, the lock left between
             with self.lock:
-                n = self._replay_held(bucket, REPLAY_CHUNK)
+                n = self.applier.replay_held(bucket, REPLAY_CHUNK)
             replayed += n
             if n < REPLAY_CHUNK:
                 break
         with self.lock:
-            bs = self.buckets[bucket]
+            bs = self.catalog.buckets[bucket]
             bs.scanned = time.time()
             if initial and bs.state == SCANNING:
-                while (n := self._replay_held(bucket, REPLAY_CHUNK)):  # the rest; the consumer waits
+                while (n := self.applier.replay_held(bucket, REPLAY_CHUNK)):  # the rest; the consumer waits
                     replayed += n
                 bs.state = READY
-                bs.tags = bucket in self.tag_buckets
-                for info in self.infos:
+                bs.tags = bucket in self.catalog.tag_buckets
+                infos = self.catalog.infos
+                for info in infos:
                     if info.bucket == bucket and not info.ready:
                         info.ready = True
                         info.floor = bs.committed
                 wb = self.store.batch()
                 wb.put(r.k_bucket(bucket), bs.record())
-                for info in self.infos:
+                for info in infos:
                     if info.bucket == bucket:
                         wb.put(r.k_view(info.id), info.record())
                 self.store.write(wb)
@@ -209,29 +230,15 @@ class Scanner:
         self.metrics.repaired.inc(counts["repaired"] + counts["removed"])
         return counts
 
-    def _replay_held(self, bucket: str, chunk: int) -> int:
-        """Apply (and delete, in the same batch) the oldest ``chunk`` events held for
-        ``bucket``; call under the lock. Returns how many."""
-        items = self.store.iter_held(bucket, chunk)
-        if not items:
-            return 0
-        events = [r.held_event(bucket, fields) for _k, fields in items]
-
-        def delete_held(wb):
-            for k, _ in items:
-                wb.delete(k)
-        self._apply_locked(events, replay=True, extra=delete_held)
-        return len(items)
-
     def _scan_apply(self, bucket, listed, prev_last, last, cutoff, initial, counts) -> None:
-        needs = bucket in self.tag_buckets
+        needs = bucket in self.catalog.tag_buckets
         props = {}
         if needs:  # fetch tags+metadata for listed objects we do not know yet (outside the lock)
             get = self.store.get_object
             unknown = [k for k, (seq, *_rest) in listed.items()
                        if (lambda rec: rec is None or r.seq_of(rec) < seq)(get(bucket, k))]
             if unknown:
-                props = self._fetch_props(bucket, unknown, listed)
+                props = self.tags.fetch_props(bucket, unknown, listed)
         with self.lock:
             work = {}
             present = {}
@@ -256,7 +263,7 @@ class Scanner:
                                         p[1] if p else None, 0)
                 work[(bucket, key)] = [rec, new]
                 counts["repaired"] += 1
-            self._finalize(work, log_changes=not initial)
+            self.committer.finalize(work, log_changes=not initial)
         if recent:
             self._sweep_recent(bucket, recent, initial, counts)
 
@@ -275,24 +282,25 @@ class Scanner:
                     continue  # changed meanwhile: its own events decide
                 work[(bucket, key)] = [rec, r.tombstone(seq + 1, rec)]
                 counts["removed"] += 1
-            self._finalize(work, log_changes=not initial)
+            self.committer.finalize(work, log_changes=not initial)
 
-    def _rematch(self, bucket: str) -> None:
+    def rematch(self, bucket: str) -> None:
         """Match every object of a tracked bucket again (a view was added); objects whose
         tags/metadata are now needed but unknown get fetched first. Then the bucket's new
         views are ready."""
         self._rematch_objects(bucket)
         # objects whose tags had to be fetched join the view when the tags are in
         deadline = time.monotonic() + 120
+        stopping = self.background.stopping
         while self.store.has_pending_tags(bucket) and time.monotonic() < deadline:
-            if self._stop.wait(0.02):
+            if stopping.wait(0.02):
                 return
-        if self._stop.is_set():
+        if stopping.is_set():
             return
         with self.lock:
-            bs = self.buckets[bucket]
+            bs = self.catalog.buckets[bucket]
             wb = self.store.batch()
-            for info in self.infos:
+            for info in self.catalog.infos:
                 if info.bucket == bucket and not info.ready:
                     info.ready = True
                     info.floor = bs.committed
@@ -301,7 +309,7 @@ class Scanner:
 
     def _rematch_objects(self, bucket: str) -> None:
         after = None
-        while not self._stop.is_set():
+        while not self.background.stopping.is_set():
             with self.lock:
                 work = {}
                 n = 0
@@ -313,7 +321,7 @@ class Scanner:
                     work[(bucket, key)] = [rec, r.to_match_again(rec)]
                     if n >= CHUNK:
                         break
-                self._finalize(work)
+                self.committer.finalize(work)
                 if n < CHUNK:
                     return
 
@@ -332,7 +340,7 @@ class Scanner:
         before_ns = time.time_ns() - int(horizon * 1e9)
         purged = 0
         after = None
-        while not self._stop.is_set():
+        while not self.background.stopping.is_set():
             chunk = []  # (key, seq, lv) of old tombstones, read outside the lock
             last = None
             for key, rec in self.store.iter_objects(bucket, after=after):
@@ -349,12 +357,12 @@ class Scanner:
         if purged:
             log.info("compacted %s: %d tombstones removed", bucket, purged)
         with self.lock:  # drop groups that emptied (under the lock: no group is added meanwhile)
-            self.buckets[bucket].groups = frozenset(self.store.member_groups(bucket))
+            self.catalog.buckets[bucket].groups = frozenset(self.store.member_groups(bucket))
         return purged
 
     def _purge(self, bucket: str, chunk) -> int:
         with self.lock:
-            bs = self.buckets[bucket]
+            bs = self.catalog.buckets[bucket]
             wb = self.store.batch()
             floor = bs.purged
             n = 0
@@ -366,7 +374,7 @@ class Scanner:
                 if lv:
                     wb.delete(r.k_change(bucket, lv))
                     floor = max(floor, lv)
-                self._cache.pop((bucket, key), None)
+                self.committer.forget_record(bucket, key)
                 n += 1
             bs.purged = floor
             wb.put(r.k_bucket(bucket), bs.record())
@@ -375,23 +383,75 @@ class Scanner:
 
     def reconcile(self, bucket: str | None = None) -> dict:
         """Re-list one tracked bucket (or all) and repair the state; returns counts per bucket."""
-        names = [bucket] if bucket is not None else [b for b, s in self.buckets.items() if s.state == READY]
+        buckets = self.catalog.buckets
+        names = [bucket] if bucket is not None else [b for b, s in buckets.items() if s.state == READY]
         out = {}
         for b in names:
-            bs = self.buckets.get(b)
+            bs = buckets.get(b)
             if bs is None:
                 raise KeyError(b)
             if bs.state != READY:
                 bs.ready.wait(300)
-            out[b] = self._submit_job(b, "reconcile", self._scan, b, False).result()
+            out[b] = self.background.submit_job(b, "reconcile", self._scan, b, False).result()
         return out
 
-    def _reconcile_loop(self) -> None:
+    def run_reconciles(self) -> None:
+        """The ``reconcile`` thread: every ``reconcile_interval`` s (0: never), all buckets."""
         interval = self.reconcile_interval
         if not interval or interval <= 0:
             return
-        while not self._stop.wait(interval):
+        while not self.background.stopping.wait(interval):
             try:
                 self.reconcile()
             except Exception as exc:
-                self._background_failed(exc, "periodic reconcile")
+                self.background.failed(exc, "periodic reconcile")
+
+    def clear_slot(self, slot: int, bucket: str) -> int:
+        """Clear ``slot`` from ``slots`` and ``ever`` of every record of ``bucket`` (moving
+        membership entries to their new groups), in chunks under the lock; then the slot is
+        free. Nothing sets the bit meanwhile: no view holds the slot. Returns the records changed."""
+        after, changed = None, 0
+        catalog = self.catalog
+        while not self.background.stopping.is_set():
+            with self.lock:
+                wb = self.store.batch()
+                n = 0
+                groups = set()
+                for key, rec in self.store.iter_objects(bucket, after=after):
+                    n += 1
+                    after = key
+                    old_slots = rec[r.OBJ_SLOTS]
+                    if r.bits_has(old_slots, slot) or r.bits_has(rec[r.OBJ_EVER], slot):
+                        new = list(rec)
+                        new[r.OBJ_SLOTS] = slots = r.bits_without(old_slots, slot)
+                        new[r.OBJ_EVER] = r.bits_without(rec[r.OBJ_EVER], slot)
+                        if slots != old_slots:
+                            wb.delete(r.k_member(bucket, old_slots, key))
+                            if slots:
+                                # the views left list a subset of the names the entry has
+                                names = catalog.listed_names(slots)
+                                props = r.only_properties(stored_props(self.store, bucket, old_slots, key),
+                                                          names) if names else None
+                                wb.put(r.k_member(bucket, slots, key), r.pack_member(new, props))
+                                groups.add(slots)
+                        wb.put(r.k_obj(bucket, key), r.pack_object(new))
+                        self.committer.forget_record(bucket, key)  # the event path reads it anew
+                        changed += 1
+                    if n >= CLEAR_CHUNK:
+                        break
+                bs = catalog.buckets[bucket]
+                bs.groups = bs.groups | groups  # before the write, as the committer does
+                if n < CLEAR_CHUNK:  # the last chunk: the slot is free with it
+                    wb.delete(r.k_freeing(slot))
+                try:
+                    self.store.write(wb)
+                except BaseException:
+                    self.committer.drop_cache()
+                    raise
+                if n < CLEAR_CHUNK:
+                    bs.groups = frozenset(self.store.member_groups(bucket))
+                    catalog.slot_cleared(slot)
+                    log.info("slot %d of forgotten view cleared from bucket %s (%d records)",
+                             slot, bucket, changed)
+                    return changed
+        return changed

@@ -16,6 +16,25 @@ from delvefs.devtools.localservices import LocalServices, ServiceError
 
 IN_CI = bool(os.environ.get("CI"))
 
+# Node ids measured slow (scripts/slow_tests.py, `make slow-tests`): marked `slow` here, so
+# that no test body carries a timing. An id without its [parameters] marks every case.
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+
+
+def _slow_test_ids() -> frozenset[str]:
+    try:
+        lines = SLOW_TESTS.read_text().splitlines()
+    except FileNotFoundError:
+        return frozenset()
+    return frozenset(filter(None, (line.split("#", 1)[0].strip() for line in lines)))
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = _slow_test_ids()
+    for item in items:
+        if item.nodeid in slow or item.nodeid.split("[", 1)[0] in slow:
+            item.add_marker(pytest.mark.slow)
+
 
 def service_unavailable(message: str):
     if IN_CI:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds pyfuse3 with fallocate and copy_file_range handlers and DelveFS's request path
-# (custom I/O with the KILLPRIV flags, a leaner session loop: README.md beside this file)
+# Builds pyfuse3 with fallocate and copy_file_range handlers, DelveFS's request path
+# (custom I/O with the KILLPRIV flags, a leaner session loop) and FUSE passthrough
+# (README.md beside this file)
 # and installs it into the virtual environment of PYTHON:
 #
 #   contrib/pyfuse3/install.sh .venv/bin/python
@@ -19,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 PYFUSE3_VERSION=3.5.0
 PYFUSE3_SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 # applied in this order
-patches=("$here/fallocate-copy-file-range.patch" "$here/request-path.patch")
+patches=("$here/fallocate-copy-file-range.patch" "$here/request-path.patch" "$here/passthrough.patch")
 
 want="$PYFUSE3_VERSION+delvefs.$(cat "${patches[@]}" "$here/build-constraints.txt" | sha256sum | cut -c1-12)"
 have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' 2>/dev/null || true)
@@ -44,4 +45,4 @@ SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$want" PIP_CONSTRAINT="$here/build-c
   "$PYTHON" -m pip install -q --no-cache-dir --force-reinstall --no-deps "$src"
 # its one dependency, in case pip has not installed it yet
 "$PYTHON" -m pip install -q "trio>=0.15"
-"$PYTHON" -c 'import pyfuse3; assert hasattr(pyfuse3.Operations, "copy_file_range") and hasattr(pyfuse3, "killpriv_flags")'
+"$PYTHON" -c 'import pyfuse3; assert hasattr(pyfuse3.Operations, "copy_file_range") and hasattr(pyfuse3, "killpriv_flags") and hasattr(pyfuse3, "backing_open")'

@@ -251,8 +251,13 @@ async def _quiet_gc() -> None:
 
 
 async def _sync(core, args: dict) -> dict:
-    """`delvefs sync`: everything queued reaches S3; the failures, one line each."""
-    return {"failed": await core.sync_all()}
+    """`delvefs sync`: everything queued reaches S3, then (unless ``wait_handler`` is false)
+    the event handler has it; the failures and what the handler lacks, one line each."""
+    failed = await core.sync_all()
+    unseen = []
+    if args.get("wait_handler", True):
+        unseen = await core.wait_for_handler(float(args.get("handler_wait", 60.0)))
+    return {"failed": failed, "unseen": unseen}
 
 
 async def _ping(mountpoint: str, cache_dir: Path, args: dict) -> dict:

@@ -16,6 +16,10 @@ libfuse's INIT reply, ``CUSTOM_IO`` tells): the kernel then leaves clearing setu
 bits on write, truncate and chown to the mount — DelveFS shows none (docs/SEMANTICS.md) —
 and no longer asks ``getxattr("security.capability")`` before each write; pyfuse3
 answers the remaining ones itself, without calling ``getxattr`` here.
+With that pyfuse3 and Linux >= 6.9 the mount also uses FUSE passthrough (``PASSTHROUGH``
+tells whether pyfuse3 can; ``delvefs.client.passthrough`` decides per open): an open of a
+file whose whole object is cached is answered with a backing id, and the kernel reads it
+from the cache file without asking the mount.
 ``Notifier`` delivers the core's invalidations (``invalidate_entry`` /
 ``invalidate_inode``) from its own task, one worker thread at a time: they must never
 run inside a request handler, which may hold the very inode lock they wait for.
@@ -34,6 +38,7 @@ import trio
 
 from .errors import FsError, errno_of_oserror
 from .fs.core import FileSystem
+from .passthrough import Passthrough, has_cap_sys_admin
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,9 @@ trace_requests = False
 POSIX_OPS = all(hasattr(pyfuse3.Operations, op) for op in ("fallocate", "copy_file_range"))
 # pyfuse3 reads /dev/fuse through its custom I/O (contrib/pyfuse3): KILLPRIV negotiated
 CUSTOM_IO = hasattr(pyfuse3, "killpriv_flags")
+# pyfuse3 negotiates FUSE passthrough and completes open replies with a backing id
+# (contrib/pyfuse3's passthrough.patch)
+PASSTHROUGH = hasattr(pyfuse3, "backing_open")
 
 
 def _guard(fn):
@@ -137,9 +145,23 @@ class Adapter(pyfuse3.Operations):
         # (``Tree.object_changed``). Strict mode keeps every write(2) in the cache
         # directory at once (a killed mount loses nothing written).
         self.enable_writeback_cache = core.writeback_cache
+        # FUSE passthrough (delvefs.client.passthrough); the kernel does not combine it
+        # with the writeback cache; ``core.passthrough``: for `delvefs status`
+        self.passthrough = _passthrough(core)
+        try:
+            core.passthrough = self.passthrough
+        except AttributeError:
+            pass  # (a stand-in core of a test)
+        self.enable_passthrough = self.passthrough.wanted
 
     def _attrs(self, node) -> pyfuse3.EntryAttributes:
         core = self.core
+        if node.ino in self.passthrough.writing:
+            # the kernel writes it itself (passthrough): its size and mtime are the file's
+            try:
+                self.passthrough.sync(node.ino)
+            except (FsError, OSError) as exc:
+                log.warning("passthrough file of inode %d: %s", node.ino, exc)
         mode, nlink, size, mtime_ns, timeout = core.stat(node)
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
@@ -184,6 +206,8 @@ class Adapter(pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         # mode, owner and times are accepted without being stored (cp -p, rsync -a work)
         size = attr.st_size if fields.update_size else None
+        if size is not None:
+            self.passthrough.sync(inode)
         return self._attrs(await self.core.setattr(inode, size=size, fh=fh))
 
     @_guard
@@ -205,6 +229,10 @@ class Adapter(pyfuse3.Operations):
     @_guard
     async def open(self, inode, flags, ctx):
         fh, keep = await self.core.open(inode, flags)
+        # (no await between the answer and the reply: the inode's io mode is counted there)
+        backing, direct = self.passthrough.answer(fh, flags)
+        if backing:
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=direct, backing_id=backing)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     @_guard
@@ -213,21 +241,38 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def release(self, fh):
-        await self.core.release(fh)
+        try:
+            try:
+                self._sync(fh)
+            finally:
+                await self.core.release(fh)
+        finally:
+            self.passthrough.released(fh)
 
     @_guard
     async def flush(self, fh):
         # close(2) returns flush's error (release's is ignored): the upload happens here
+        self._sync(fh)
         await self.core.flush(fh)
 
     @_guard
     async def fsync(self, fh, datasync):
+        self._sync(fh)
         await self.core.fsync(fh)
+
+    def _sync(self, fh) -> None:
+        """What the kernel wrote through passthrough into the file of ``fh``'s inode, taken
+        into the core first (its size, mtime, that it changed)."""
+        rec = self.passthrough.handles.get(fh)
+        if rec is not None and rec[0] in self.passthrough.writing:
+            self.passthrough.sync(rec[0])
 
     @_guard
     async def create(self, parent_inode, name, mode, flags, ctx):
         fh, node = await self.core.create(parent_inode, os.fsdecode(name), flags)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._attrs(node)
+        backing, direct = self.passthrough.answer(fh, flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=direct, backing_id=backing), \
+            self._attrs(node)
 
     @_guard
     async def write(self, fh, off, buf):
@@ -237,6 +282,7 @@ class Adapter(pyfuse3.Operations):
     async def fallocate(self, inode, fh, mode, offset, length):
         # EOPNOTSUPP for a mode the core does not support reaches the caller; the kernel
         # asks again next time (ENOSYS would make it refuse every later fallocate)
+        self._sync(fh)
         await self.core.fallocate(inode, fh, mode, offset, length)
 
     @_guard
@@ -244,6 +290,11 @@ class Adapter(pyfuse3.Operations):
                               length, flags):
         # Returns the bytes copied. EOPNOTSUPP from the core: the kernel copies this range
         # itself by read and write (cp never sees it)
+        if self.passthrough.writes_through(fh_out):
+            # the kernel writes that file itself: a server-side copy would give the handle
+            # another file, the kernel would go on writing the old one
+            raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
+        self._sync(fh_in)
         return await self.core.copy_file_range(fh_in, off_in, fh_out, off_out, length, flags)
 
     @_guard
@@ -308,6 +359,33 @@ class Adapter(pyfuse3.Operations):
         return True
 
 
+def _passthrough(core) -> Passthrough:
+    """The mount's passthrough policy: asked for unless ``-o passthrough=off``, eager mode
+    (the writeback cache), a pyfuse3 without it or a process without CAP_SYS_ADMIN."""
+    settings = getattr(core, "settings", None)
+    mode = getattr(settings, "passthrough", "on")
+    why_not = ""
+    if settings is None:
+        why_not = "no mount settings"
+    elif mode == "off":
+        why_not = "-o passthrough=off"
+    elif core.writeback_cache:
+        why_not = ("eager mode: the kernel's writeback cache, which the kernel does not "
+                   "combine with passthrough")
+    elif not PASSTHROUGH:
+        why_not = "pyfuse3 without passthrough (contrib/pyfuse3)"
+    elif not CUSTOM_IO or pyfuse3.custom_io_state() not in ("installed", "not mounted"):
+        why_not = "pyfuse3 without custom I/O"
+    elif not has_cap_sys_admin():
+        why_not = "no CAP_SYS_ADMIN (FUSE_DEV_IOC_BACKING_OPEN needs it)"
+    if why_not or not PASSTHROUGH:
+        return Passthrough(core, wanted=False, why_not=why_not)
+    # writers too with -o passthrough=rw, not while parts are uploaded as they are written
+    writes = mode == "rw" and not getattr(settings, "upload_while_writing", False)
+    return Passthrough(core, wanted=True, state=pyfuse3.passthrough_state, writes=writes,
+                       backing_open=pyfuse3.backing_open, backing_close=pyfuse3.backing_close)
+
+
 def fuse_options(fsname: str = "delvefs") -> set[str]:
     # Not pyfuse3's default "default_permissions": with it the kernel re-reads the
     # directory's attributes (a GETATTR round trip) before every create and unlink after
@@ -340,7 +418,10 @@ def raise_read_ahead(device: int, kib: int = READ_AHEAD_KIB) -> None:
 def log_killpriv() -> None:
     """One log line, once the kernel has the INIT answer: whether the kernel leaves
     clearing setuid/setgid bits to the mount (KILLPRIV_V2), or why not — then it asks
-    ``security.capability`` before every write and clears those bits itself."""
+    ``security.capability`` before every write and clears those bits itself. And one
+    for FUSE passthrough (on, or why not: ``Passthrough.resolve``)."""
+    if _mounted is not None:
+        _mounted.passthrough.resolve()
     if not CUSTOM_IO:
         log.info("KILLPRIV not negotiated (pyfuse3 without custom I/O: contrib/pyfuse3): "
                  "the kernel asks for security.capability before every write")
@@ -355,9 +436,14 @@ def log_killpriv() -> None:
                  "before every write", why)
 
 
+# the adapter mounted by ``mount`` (its passthrough outcome is logged by ``log_killpriv``)
+_mounted: Adapter | None = None
+
+
 def mount(adapter: Adapter, mountpoint: str, options: set[str]) -> None:
     """Mount (synchronously): afterwards the kernel queues requests until ``serve``."""
-    global trace_requests
+    global trace_requests, _mounted
+    _mounted = adapter
     trace_requests = log.isEnabledFor(logging.DEBUG)
     if not POSIX_OPS:
         log.info("pyfuse3 without fallocate and copy_file_range (contrib/pyfuse3): "
@@ -375,4 +461,6 @@ def terminate() -> None:
 
 
 def close(unmount: bool = True) -> None:
+    if _mounted is not None:
+        _mounted.passthrough.close()
     pyfuse3.close(unmount=unmount)

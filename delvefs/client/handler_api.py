@@ -48,6 +48,7 @@ from .handler_requests import (
     decoded_body,
     group_claim_request,
     group_done_request,
+    group_give_back_request,
     group_join_request,
     group_leave_request,
     group_renew_request,
@@ -67,6 +68,7 @@ from .handler_requests import (
     unreachable,
     unregister_request,
     view_bucket,
+    wait_objects_request,
 )
 
 # what callers use: the clients, and the errors their operations raise
@@ -230,6 +232,13 @@ class HandlerOperations:
         """The handler URL requests go to first (of the first shard)."""
         return self.failover.urls[self.failover.current]
 
+    def serving(self, bucket: str) -> tuple[str | None, str]:
+        """(shard, URL): the shard whose handler serves ``bucket`` by this client's map (None
+        without a map) and the URL its requests go to first (the one that answered last)."""
+        shard = self.shards.owner(bucket)
+        failover = self.failovers[shard]
+        return (shard if self.shards.sharded else None), failover.urls[failover.current]
+
     def know_view(self, view_id: str, bucket: str) -> None:
         """Send the requests of view ``view_id`` to the owner of ``bucket``."""
         self.view_buckets[view_id] = bucket
@@ -345,12 +354,20 @@ class HandlerOperations:
             lambda items, parts: [g for _group, grants in parts for g in grants]))
 
     def list_page(self, view_id: str, after: str | None, limit: int = 50000, *,
-                  hold: bool = True):
+                  hold: bool = True, fresh: bool = False):
         """``{"version", "objects", "next"}``. While the bucket's first scan runs, the handler
         holds the request (``hold``) up to half this client's timeout, else answers 503
-        "scanning" at once."""
+        "scanning" at once. ``fresh``: a first page that reflects every event the handler's
+        broker held when it was asked (docs/API.md)."""
         # held: answered 503 "scanning" well before this client would give up waiting
-        return self._call(list_request(view_id, after, limit, wait=self.timeout / 2 if hold else 0))
+        return self._call(list_request(view_id, after, limit, wait=self.timeout / 2 if hold else 0,
+                                       fresh=fresh))
+
+    def wait_objects(self, bucket: str, objects: list[dict], wait: float):
+        """The objects of ``objects`` ([{"key", "etag" or None, "since"}], at most 1,000)
+        whose version the handler has not seen after up to ``wait`` seconds, each with
+        ``seen`` (the ETag it has, or None)."""
+        return self._call(wait_objects_request(bucket, objects, wait))
 
     def changes(self, view_id: str, since: int, limit: int = 50000, wait: float = 0):
         """``{"version", "changes", "more"}``; raises :class:`Resync`."""
@@ -377,6 +394,10 @@ class HandlerOperations:
     def group_done(self, view_id: str, group: str, member: str, key: str, ok: bool = True,
                    error: str | None = None):
         return self._call(group_done_request(view_id, group, member, key, ok, error))
+
+    def group_give_back(self, view_id: str, group: str, member: str, key: str, reason: str):
+        """Return a claimed file unworked: given out again, no attempt counted."""
+        return self._call(group_give_back_request(view_id, group, member, key, reason))
 
     def group_status(self, view_id: str, group: str):
         return self._call(group_status_request(view_id, group))

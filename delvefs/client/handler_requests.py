@@ -165,13 +165,17 @@ def needs_proof(request: ApiRequest, exc: HandlerError) -> bool:
     return request.method == "GET" and request.path.startswith("/v1/views/") and exc.status in (403, 404)
 
 
-def list_request(view_id: str, after: str | None, limit: int, wait: float | None = None) -> ApiRequest:
+def list_request(view_id: str, after: str | None, limit: int, wait: float | None = None,
+                 fresh: bool = False) -> ApiRequest:
     """A page of the view's listing: objects with keys greater than ``after``. While the
     bucket's first scan runs the handler holds it up to ``wait`` seconds (its default: 30),
-    then answers 503 "scanning"."""
+    then answers 503 "scanning". ``fresh`` (a first page): the handler first applies every
+    event its broker held when it asked."""
     params = {"limit": limit}
     if wait is not None:
         params["wait"] = wait
+    if fresh and after is None:
+        params["fresh"] = 1
     if after is not None:
         params["after"] = after
     return ApiRequest("GET", f"/v1/views/{view_id}/objects", f"listing view {view_id}", "list",
@@ -189,6 +193,15 @@ def changes_request(view_id: str, since: int, limit: int, wait: float = 0) -> Ap
 def lookup_request(bucket: str, key: str) -> ApiRequest:
     path = f"/v1/objects/{urllib.parse.quote(bucket, safe='')}/{urllib.parse.quote(key, safe='')}"
     return ApiRequest("GET", path, f"looking up {bucket}/{key}", "lookup", absent_is_none=True, bucket=bucket)
+
+
+def wait_objects_request(bucket: str, objects: list[dict], wait: float) -> ApiRequest:
+    """Until the handler's records of ``objects`` ([{"key", "etag" (None: deleted), "since"}])
+    are those versions (or ``wait`` seconds); the answer is the list still pending."""
+    return ApiRequest("POST", "/v1/objects/wait", f"waiting for the handler to see {len(objects)} "
+                      f"changes of bucket {bucket}", "wait_objects",
+                      body={"bucket": bucket, "objects": objects, "wait": wait},
+                      timeout=wait + 10, answer_field="pending", bucket=bucket)
 
 
 def stream_request(view_id: str, since: int) -> ApiRequest:
@@ -258,6 +271,15 @@ def group_done_request(view_id: str, group: str, member: str, key: str, ok: bool
     return ApiRequest("POST", _group_path(view_id, group, "/done"), f"finishing {key} in group {group}",
                       "group_done",
                       body={"member": member, "key": key, "ok": ok, "error": error}, view=view_id)
+
+
+def group_give_back_request(view_id: str, group: str, member: str, key: str, reason: str) -> ApiRequest:
+    """Give ``key`` back to the group unworked, the attempt not counted (``done`` with
+    ``give_back``): ``{"key", "state"}`` — ``pending``, or ``removed`` when the file left
+    the view."""
+    return ApiRequest("POST", _group_path(view_id, group, "/done"), f"giving {key} back to group {group}",
+                      "group_done", body={"member": member, "key": key, "ok": False, "error": reason,
+                                          "give_back": True}, view=view_id)
 
 
 def group_status_request(view_id: str, group: str) -> ApiRequest:

@@ -94,14 +94,20 @@ def run_umount(args) -> int:
 
 def run_sync(args) -> int:
     """`delvefs sync MOUNT`: wait until every upload and DELETE the mount has queued has
-    reached S3; each failure on stderr (``PATH: reason``) and exit status 1."""
+    reached S3, then until the event handler has them (a mount started afterwards lists
+    them). Each failure on stderr (``PATH: reason``) and exit status 1; everything in S3 but
+    not yet seen by the handler within ``--handler-wait``: exit status 2."""
     from .control import ControlError, request
     try:
-        answer = request(args.mountpoint, "sync", timeout=args.timeout)
+        answer = request(args.mountpoint, "sync", timeout=args.timeout,
+                         wait_handler=not args.no_wait_handler, handler_wait=args.handler_wait)
     except ControlError as exc:
         print(f"delvefs sync: {exc}", file=sys.stderr)
         return 1
     failed = answer.get("failed") or []
     for line in failed:
         print(f"delvefs sync: not in S3: {line}", file=sys.stderr)
-    return 1 if failed else 0
+    unseen = answer.get("unseen") or []
+    for line in unseen:
+        print(f"delvefs sync: not yet in the event handler: {line}", file=sys.stderr)
+    return 1 if failed else 2 if unseen else 0

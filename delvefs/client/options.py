@@ -130,6 +130,14 @@ def _seconds(name: str) -> Callable[[str], float]:
     return parse
 
 
+def _passthrough(text: str) -> str:
+    value = {"on": "on", "yes": "on", "true": "on", "1": "on", "rw": "rw",
+             "off": "off", "no": "off", "false": "off", "0": "off"}.get(text.lower())
+    if value is None:
+        raise OptionError(f"passthrough={text}: on (reads), rw (reads and writes) or off")
+    return value
+
+
 # ----------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -152,8 +160,10 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 "(default: none; either way the smaller of 5%% and 1 GiB of the cache's file "
                 "system is kept free)", metavar="SIZE"),
     MountOption("handler_url", "--handler", "handler", _text("handler"),
-                "handler URL, or comma-separated URLs of the active handler and its standbys "
-                "(default: $DELVEFS_HANDLER_URL); -o handler= may be repeated", metavar="URL[,URL...]"),
+                "handler URL, or comma-separated URLs of the active handler and its standbys, "
+                "or a sharded deployment's shard map NAME=URL,...[,@BUCKET=NAME...] (a shard's "
+                "URLs in order: active, standbys) (default: $DELVEFS_HANDLER_URL); -o handler= "
+                "may be repeated, one entry each", metavar="URL[,URL...]|MAP"),
     MountOption("foreground", "--foreground", None, None, "stay in the foreground, log to stderr",
                 default=False),
     MountOption("eager", "--eager", "eager", None,
@@ -209,6 +219,13 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("metrics_interval", "--metrics-interval", "metrics_interval",
                 _seconds("metrics_interval"), "seconds between writes of --metrics-textfile "
                 "(default 15)", default=15.0, metavar="SECONDS"),
+    MountOption("passthrough", "--passthrough", "passthrough", _passthrough,
+                "on: the kernel reads files whose whole object is cached straight from the "
+                "cache directory, without the mount (FUSE passthrough: Linux >= 6.9, "
+                "CAP_SYS_ADMIN; off by itself with --eager); rw: also writes new and "
+                "truncated files into their local file (a cp into one is then no server-side "
+                "copy); off: every read and write goes through the mount (default: on)",
+                default="on", metavar="on|rw|off"),
 )
 
 # -o name -> its option (docs/CONFIGURATION.md lists them all; tests check it)

@@ -23,6 +23,7 @@ import trio
 
 from ..shared import s3
 from .errors import Changed, StopGet, StoreError, store_error
+from .writelog import WriteLog
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class S3Store:
         self.copy_threshold = copy_threshold
         self._uploads = trio.CapacityLimiter(4)  # whole-object uploads at once
         self.lean = lean
+        self.written = WriteLog()  # what S3 accepted, until the event handler confirms it
 
     def _make(self):
         """The client (made once; any thread)."""
@@ -140,6 +142,7 @@ class S3Store:
         what = f"PUT {bucket}/{key}"
         log.debug("S3 %s: %d bytes, based on %r", what, size, base)
         started = time.monotonic()
+        since = time.time()
         async with self._uploads:
             if size < self.part_size:
                 try:
@@ -153,6 +156,7 @@ class S3Store:
                         with open(filename, "rb") as f:
                             return hashlib.md5(f.read()).hexdigest()
                     etag = await self._landed(bucket, key, size, await trio.to_thread.run_sync(md5))
+                self.written.wrote(bucket, key, etag, since)
                 return {"etag": etag, "size": size, "mtime": None}
             mp = self.multipart(bucket, key, tags=tags, content_type=content_type, metadata=metadata)
             try:
@@ -202,17 +206,24 @@ class S3Store:
     async def put_small(self, bucket: str, key: str, body: bytes, *,
                         metadata: dict[str, str]) -> str:
         """One unconditional PutObject of a small ``body`` with user ``metadata``; its ETag."""
-        return await self._call(f"PUT {bucket}/{key}", s3.put_bytes, LEAN, bucket, key, body,
+        since = time.time()
+        etag = await self._call(f"PUT {bucket}/{key}", s3.put_bytes, LEAN, bucket, key, body,
                                 content_type="application/json", metadata=metadata)
+        self.written.wrote(bucket, key, etag, since)
+        return etag
 
     async def delete_many(self, bucket: str, keys: list[str]) -> dict[str, StoreError]:
         """DeleteObjects of up to 1,000 keys; the StoreError of each key not deleted (all of
         them when the request failed)."""
         what = f"DeleteObjects {bucket} ({len(keys)} keys)"
+        since = time.time()
         try:
             failed = await self._call(what, s3.delete_objects, CLIENT, bucket, keys)
         except StoreError as exc:
             return {k: exc for k in keys}
+        for k in keys:
+            if k not in failed:
+                self.written.wrote(bucket, k, None, since)
         from .errors import errno_of_s3_code
         return {k: StoreError(errno_of_s3_code(code), f"DELETE {bucket}/{k}: {code}")
                 for k, code in failed.items()}
@@ -235,11 +246,22 @@ class S3Store:
                     self._copier = s3.make_copy_manager(client, threshold=self.copy_threshold)
             s3.copy_object(self._copier, bucket, key, src_bucket, src_key, src_etag=src_etag,
                            metadata=merged, content_type=ctype)
+        since = time.time()
         await self._call(f"COPY {src_bucket}/{src_key} to {bucket}/{key}", copy, CLIENT)
-        return await self.head(bucket, key)
+        info = await self.head(bucket, key)
+        self.written.wrote(bucket, key, info["etag"], since)
+        return info
 
     async def delete(self, bucket: str, key: str) -> None:
+        since = time.time()
         await self._call(f"DELETE {bucket}/{key}", s3.delete_object, LEAN, bucket, key)
+        self.written.wrote(bucket, key, None, since)
+
+    async def list_level(self, bucket: str, prefix: str, continuation: str | None = None) -> dict:
+        """One page of the objects and common prefixes one level below ``prefix``
+        (:func:`delvefs.shared.s3.list_level`)."""
+        return await self._call(f"LIST {bucket}/{prefix}", s3.list_level, CLIENT, bucket, prefix,
+                                continuation)
 
     async def put_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
         await self._call(f"PutObjectTagging {bucket}/{key}", s3.put_object_tags, CLIENT,
@@ -366,6 +388,7 @@ class Multipart:
                 raise StoreError(errno.EIO, f"{self.what}: parts {missing} were not sent")
             parts = [self.parts[n] for n in range(1, count + 1)]
         upload_id = await self._start()
+        since = time.time()
         try:
             etag = await self.store._conditional(self.what, base, self.store._call(
                 self.what, s3.complete_multipart, CLIENT, self.bucket, self.key, upload_id,
@@ -376,6 +399,7 @@ class Multipart:
             digest = hashlib.md5(b"".join(bytes.fromhex(p.strip('"')) for p in parts)).hexdigest()
             etag = await self.store._landed(self.bucket, self.key, size, f"{digest}-{len(parts)}")
         self.upload_id = None  # completed: nothing to abort
+        self.store.written.wrote(self.bucket, self.key, etag, since)
         return etag
 
     async def abort(self) -> None:

@@ -65,6 +65,7 @@ class MountSettings:
     metrics_addr: tuple[str, int] | None = None  # (host, port) of the metrics' HTTP server
     metrics_textfile: str | None = None      # the metrics' file for node_exporter
     metrics_interval: float = 15.0           # seconds between writes of that file
+    passthrough: str = "on"                  # FUSE passthrough: on (reads), rw (and writes), off
     # from the environment (delvefs/shared/config.py)
     handler_token: str | None = None
     handler_principal: str = config.DEFAULT_PRINCIPAL

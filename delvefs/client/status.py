@@ -1,14 +1,14 @@
 """``delvefs status``: what a mount or the event handler is doing.
 
 - ``delvefs status MOUNT`` asks the mount over its control channel (delvefs/client/control.py,
-  operation ``status``, answered by :func:`mount_status` inside the mount): its views, how
-  fresh each is and how many of its keys have no name there (``unshown``: logged once per
+  operation ``status``, answered by :func:`mount_status` inside the mount): its daemon's pid
+  (and where its pid record is: ``pid_record``, added here), its views, how fresh each is and how many of its keys have no name there (``unshown``: logged once per
   key; docs/SEMANTICS.md), the files not yet in S3 (pending, uploading, failed, conflict) and
   the cache.
 - ``delvefs status --handler [URL]`` asks the handler (``GET /v1/status`` through
   delvefs/client/handler_api.py, with the principal's token): its event source and lag,
   buckets with the progress of a listing under way, views, work-queue groups (members,
-  files in flight, done, failed, backlog), dead letters.
+  files in flight, done, failed, backlog; each member), dead letters.
 
 ``--json`` prints the answer as it is (one JSON document); otherwise a few short tables.
 Exit status 0, or 1 with a one-line error when the mount or handler cannot be asked.
@@ -21,6 +21,8 @@ import sys
 import time
 
 from .control import ControlError, request
+from .passthrough import report as passthrough_report
+from .mountpoints import run_file
 
 STATES = ("pending", "uploading", "failed", "conflict")
 
@@ -65,7 +67,8 @@ async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
             "handler": core.handler.base_url, "views": views_report(core),
             "files": report, "counts": upload_counts(report),
             "cache": {"bytes": cache.bytes, "limit": cache.limit, "entries": len(cache.entries),
-                      "dirty_bytes": dirty_bytes(core)}}
+                      "dirty_bytes": dirty_bytes(core)},
+            "passthrough": passthrough_report(core)}  # delvefs/client/passthrough.py
 
 
 # ----------------------------------------------------------------- the command
@@ -97,7 +100,8 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def format_mount(s: dict) -> str:
-    lines = [f"mount {s['mountpoint']} (pid {s['pid']}; handler {s['handler']})", ""]
+    record = f", recorded in {s['pid_record']}" if s.get("pid_record") else ""
+    lines = [f"mount {s['mountpoint']} (daemon pid {s['pid']}{record}; handler {s['handler']})", ""]
     rows = []
     for v in s["views"]:
         fresh = ("stale: " + v["stale"]) if v["stale"] else (
@@ -113,6 +117,11 @@ def format_mount(s: dict) -> str:
     lines += ["", f"cache: {_size(cache['bytes'])} in {cache['entries']} files "
                   f"(bound {_size(cache['limit']) if cache['limit'] else 'none'}; "
                   f"{_size(cache['dirty_bytes'])} dirty) in {s['cache_dir']}"]
+    pt = s.get("passthrough")
+    if pt:
+        writes = ", writes too" if pt.get("writes") else ""
+        lines.append("passthrough: " + (f"on{writes} ({pt['open_files']} files open through it)"
+                                        if pt["state"] == "on" else f"off ({pt['reason']})"))
     return "\n".join(lines)
 
 
@@ -162,12 +171,17 @@ def format_handler(s: dict) -> str:
 
 
 def format_groups(groups: list[dict]) -> str:
-    """Work-queue groups: members, files in flight, done, failed, backlog; the failed files."""
+    """Work-queue groups: members, files in flight, done, failed, backlog; each member (what
+    it holds, when it was last heard from, where it runs); the failed files."""
     if not groups:
         return "groups: none you may read"
     rows = [[g["name"], g["view"], str(len(g["members"])), str(g["in_flight"]), str(g["done"]),
              str(g["failed"]), str(g["backlog"])] for g in groups]
     lines = [_table(rows, ["GROUP", "VIEW ID", "MEMBERS", "IN FLIGHT", "DONE", "FAILED", "BACKLOG"])]
+    members = [[g["name"], m["id"], str(m["in_flight"]), f"{_age(m['seen_ago'])} ago", m.get("client") or "-"]
+               for g in groups for m in g["members"]]
+    if members:
+        lines += ["", _table(members, ["GROUP", "MEMBER", "IN FLIGHT", "LAST HEARD", "CLIENT"])]
     for g in groups:
         for f in g["failed_files"]:
             lines.append(f"  failed in {g['name']}: {f['key']} after {f['attempts']} attempts"
@@ -177,7 +191,7 @@ def format_groups(groups: list[dict]) -> str:
 
 def run(args) -> int:
     """``delvefs status [MOUNT] [--handler [URL]] [--json]``."""
-    from ..shared.config import handler_token, handler_url
+    from ..shared.config import handler_token, handler_url, state_home
 
     try:
         if args.handler is not None:
@@ -191,6 +205,7 @@ def run(args) -> int:
             text = sharded_status if client.shards.sharded else format_handler
         elif args.mountpoint:
             answer = request(args.mountpoint, "status", timeout=30)
+            answer["pid_record"] = str(run_file(answer["mountpoint"], state_home()))
             text = format_mount
         else:
             print("delvefs status: name a MOUNT, or --handler", file=sys.stderr)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ class WatchError(Exception):
 class ViewInfo:
     id: str
     name: str
-    handler: str  # its URLs, or the shard map
+    handler: str  # the mount's handler setting: its URLs, or the shard map
     root: str
     layout: str
     layout_by: tuple[str, ...] | None = None  # layout "by": the property of each directory level
@@ -48,7 +50,10 @@ class ViewInfo:
             raise WatchError(f"{view_dir}: {exc.strerror}") from None
         info = json.loads(raw)
         by = info.get("layout_by")
-        return cls(info["id"], info["name"], info["handler"], info["root"], info["layout"],
+        # "handlers": the whole setting ("handler" is the serving URL; mounts that predate
+        # "handlers" gave the setting there)
+        setting = info.get("handlers") or info["handler"]
+        return cls(info["id"], info["name"], setting, info["root"], info["layout"],
                    tuple(by) if by else None, info.get("bucket"))
 
 
@@ -159,3 +164,68 @@ class ViewFollower:
                 self.view_answered()
                 return answer
             delay = self.pause(delay)
+
+
+# seconds a path may stay missing after a successful catch-up: the kernel drops its cached
+# "no such name" a moment after the mount learns the file; later, the file left the view
+SHOWN_LIMIT = 2.0
+# what user.delvefs.sync fails with while the mount's handler does not answer (EIO: refused,
+# 503, no answer in time) or still scans the bucket (EAGAIN): asked again
+PASSING_SYNC_ERRORS = frozenset({errno.EIO, errno.EAGAIN, errno.ETIMEDOUT, errno.EINTR, errno.EBUSY})
+READY = "ready: "  # the line's fixed start (after "delvefs watch: ") once a watch or member is ready
+
+
+def show_in_mount(follower: ViewFollower, version: int, paths: list[Path],
+                  limit: float | None) -> list[Path]:
+    """Make the mount catch up to ``version`` (``user.delvefs.sync``) and return the paths of
+    ``paths`` it shows then. A catch-up that fails while the handler is away is asked again
+    after a growing delay (at most ``RETRY_MAX``), for up to ``limit`` seconds (None: until it
+    succeeds); a path still missing ``SHOWN_LIMIT`` seconds after a successful catch-up is
+    left out (its file left the view). Raises WatchError when the mount is gone or refuses
+    the catch-up for good (another errno)."""
+    started = time.monotonic()
+    deadline = math.inf if limit is None else started + limit
+    missing = list(paths)
+    failing: OSError | None = None
+    delay = 0.05
+    while True:
+        try:
+            os.setxattr(follower.view_dir, SYNC_XATTR, str(version).encode())
+        except OSError as exc:
+            if exc.errno not in PASSING_SYNC_ERRORS:
+                raise WatchError(f"the mount refused to catch up to version {version} of view "
+                                 f"{follower.view.name}: {exc.strerror}") from None
+            if failing is None:
+                log.warning("the mount cannot show version %d of view %s yet (%s): asking again",
+                            version, follower.view.name, exc.strerror)
+            failing = exc
+        else:
+            if failing is not None:
+                log.warning("the mount caught up to version %d of view %s", version, follower.view.name)
+                failing = None
+            missing = [p for p in missing if not os.path.lexists(p)]
+            if not missing:
+                return list(paths)
+            deadline = min(deadline, time.monotonic() + SHOWN_LIMIT)
+        if time.monotonic() + delay > deadline:
+            if failing is not None:
+                log.warning("the mount could not catch up to version %d of view %s in %.1f s (%s)",
+                            version, follower.view.name, time.monotonic() - started, failing.strerror)
+            gone = set(missing)
+            return [p for p in paths if p not in gone]
+        delay = follower.pause(delay)
+
+
+def announce_ready(ready_file: Path | None, what: str) -> None:
+    """Say that every file that appears from now on is seen: the line ``delvefs watch: ready:
+    WHAT`` on stderr and, with ``--ready-file``, that file (holding the pid; written beside
+    and renamed, so that it is whole once it exists)."""
+    log.info("%s%s", READY, what)
+    if ready_file is None:
+        return
+    partial = ready_file.with_name(f".{ready_file.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(f"{os.getpid()}\n")
+        os.replace(partial, ready_file)
+    except OSError as exc:
+        raise WatchError(f"--ready-file {ready_file}: {exc.strerror}") from None

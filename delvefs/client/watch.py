@@ -8,7 +8,13 @@ Driven by the handler's change stream (``GET /v1/views/{id}/stream``, server-sen
 events), not by polling listings. The mount tells watch which view a directory is
 (``user.delvefs.view`` on the view directory) and is asked to catch up before a path
 is printed (``setxattr user.delvefs.sync <version>``), so every printed path can be
-opened at once.
+opened at once. While the mount cannot catch up (its handler restarts: the stream gave a
+change the mount cannot fetch yet), watch asks again with a growing delay and prints
+nothing meanwhile; a path the caught-up mount does not show (the file left the view
+again) is not printed.
+
+Once watch follows the stream (every file that appears from then on is printed), it says
+so: ``delvefs watch: ready: ...`` on stderr, and ``--ready-file PATH`` is created.
 
 "Once per appearance": watch keeps the set of keys present in the view. A ``put`` of
 a key not present prints it; a ``delete`` removes it (a later ``put`` prints again);
@@ -40,7 +46,8 @@ from pathlib import Path
 from ..shared.config import handler_token
 from .fs.inodes import layout_values, relative_path, unshowable_values
 from .handler_api import HandlerError, HandlerUnavailable, Resync, SyncHandlerClient
-from .viewdir import SYNC_XATTR, ViewFollower, WatchError, locate, log
+from .viewdir import ViewFollower, WatchError, locate, log
+from .viewdir import announce_ready, show_in_mount
 from .workgroup import GroupMember
 
 PAGE = 5000
@@ -49,9 +56,10 @@ STREAM_READ_TIMEOUT = 45.0
 
 
 class Watcher(ViewFollower):
-    def __init__(self, view_dir: Path, out, *, token: str | None):
+    def __init__(self, view_dir: Path, out, *, token: str | None, ready_file: Path | None = None):
         super().__init__(view_dir)
         self.out = out
+        self.ready_file = ready_file
         self.handler = SyncHandlerClient(self.view.handler, token, timeout=STREAM_READ_TIMEOUT)
         if self.view.bucket:
             self.handler.know_view(self.view.id, self.view.bucket)
@@ -82,9 +90,13 @@ class Watcher(ViewFollower):
         if not paths:
             return
         # Make the mount catch up to `version` so each printed path opens at once.
-        os.setxattr(self.view_dir, SYNC_XATTR, str(version).encode())
-        for rel, props in paths:
-            self.out.write(f"{self.locate(rel, props)}\n")
+        located = [self.locate(rel, props) for rel, props in paths]
+        shown = set(show_in_mount(self, version, located, limit=None))
+        for path in located:
+            if path in shown:
+                self.out.write(f"{path}\n")
+            else:
+                log.warning("%s left the view before the mount showed it: not printed", path)
         self.out.flush()
 
     def locate(self, rel: str, props: dict | None) -> Path:
@@ -113,8 +125,9 @@ class Watcher(ViewFollower):
 
     def run(self, existing: bool) -> None:
         self.relist_until_answered(print_new=existing)
-        # Files that appear from now on are printed; scripts may wait for this line.
-        log.info("watching %s: %d files present, version %d", self.view_dir, len(self.present), self.version)
+        # the stream resumes from this listing's version: files that appear from now on are printed
+        announce_ready(self.ready_file, f"watching {self.view_dir}: {len(self.present)} files present, "
+                                        f"version {self.version}")
         delay = 0.1
         while True:
             try:
@@ -148,17 +161,43 @@ def run(args) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `watch | head` ends quietly
+    # SIGPIPE stays ignored: a write to a handler's closed connection must be an error the
+    # client retries, not the end of the process; a closed stdout ends it below
+    ready_file = Path(args.ready_file) if args.ready_file else None
     try:
+        if ready_file is not None:
+            # one left by an earlier run would say "ready" before this one is
+            forget_ready_file(ready_file)
         if args.group is not None:
             GroupMember(Path(args.view_dir), args.group, sys.stdout, token=handler_token(),
                         command=args.exec, jobs=args.jobs, lease=args.lease,
-                        max_failures=args.max_failures).run(args.existing)
+                        max_failures=args.max_failures, ready_file=ready_file).run(args.existing)
         elif args.exec is not None:
             raise WatchError("--exec runs a command per file of a group: give --group NAME")
         else:
-            Watcher(Path(args.view_dir), sys.stdout, token=handler_token()).run(args.existing)
+            Watcher(Path(args.view_dir), sys.stdout, token=handler_token(),
+                    ready_file=ready_file).run(args.existing)
     except WatchError as exc:
         print(f"delvefs watch: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader of the paths went away (`watch | head`): end quietly (a member has left
+        # its group on the way out, giving back the file it was printing)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        if ready_file is not None:  # no longer watching
+            try:
+                forget_ready_file(ready_file)
+            except WatchError:
+                pass
     return 0
+
+
+def forget_ready_file(ready_file: Path) -> None:
+    try:
+        ready_file.unlink(missing_ok=True)
+    except OSError as exc:
+        raise WatchError(f"--ready-file {ready_file}: {exc.strerror}") from None
+    if not ready_file.parent.is_dir():
+        raise WatchError(f"--ready-file {ready_file}: no directory {ready_file.parent}")

@@ -14,7 +14,11 @@ and reports each as done or failed:
   ``DELVEFS_GROUP_MEMBER``. Commands run in this process's process group.
 
 Before a path is printed or a command started, the mount is asked to catch up to the
-file's version (``user.delvefs.sync``), as ``delvefs watch`` does, so the path opens at once.
+file's version (``user.delvefs.sync``), as ``delvefs watch`` does, and the path must exist
+there (:func:`show_in_mount`): the handler may answer a claim just before it stops, and the
+mount then cannot catch up until it is back. The catch-up is asked again with a growing
+delay for up to ``CATCH_UP_LIMIT`` seconds; a file the mount still does not show is given
+back to the group, its attempt not counted (``give_back``), and never run here.
 The member follows the handler as ``watch`` does (every URL of the mount, standbys
 included; retries while none answers). When the view's bucket moves to another shard, the
 member's long poll is answered 421 and sent to the new owner, where the mount registers
@@ -34,16 +38,20 @@ import threading
 import uuid
 from pathlib import Path
 
-from .fs.inodes import relative_path
+from .fs.inodes import layout_values, relative_path, unshowable_values
 from .handler_api import HandlerError, HandlerUnavailable, SyncHandlerClient
-from .viewdir import SYNC_XATTR, ViewFollower, WatchError, locate, log
+from .viewdir import ViewFollower, WatchError, announce_ready, locate, log, show_in_mount
 
 CLAIM_WAIT = 20.0  # seconds a claim waits for a file before it is asked again
+# seconds a member waits for its mount to show a claimed file before giving the file back
+# (a restarted handler answers again within a second or two)
+CATCH_UP_LIMIT = 30.0
 
 
 class GroupMember(ViewFollower):
     def __init__(self, view_dir: Path, group: str, out, *, token: str | None, command: str | None,
-                 jobs: int = 1, lease: float | None = None, max_failures: int | None = None):
+                 jobs: int = 1, lease: float | None = None, max_failures: int | None = None,
+                 ready_file: Path | None = None):
         if jobs < 1:
             raise WatchError("-j must be 1 or more")
         super().__init__(view_dir)
@@ -52,6 +60,7 @@ class GroupMember(ViewFollower):
         self.command = command
         self.jobs = jobs if command else 1
         self.lease_wanted, self.max_failures = lease, max_failures
+        self.ready_file = ready_file
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         # long polls on one client; renewals and reports from the other threads on another
         self.claims = SyncHandlerClient(self.view.handler, token, timeout=60)
@@ -62,7 +71,9 @@ class GroupMember(ViewFollower):
         self.control_lock = threading.Lock()
         self.slots = threading.Semaphore(self.jobs)
         self.lease = 60.0
-        self.held: dict[str, subprocess.Popen | None] = {}  # keys in flight here (their commands)
+        # keys in flight here, renewed while they are: their commands (None while the mount
+        # catches up, or the path is printed)
+        self.held: dict[str, subprocess.Popen | None] = {}
         self.held_lock = threading.Lock()
 
     # --- the handler ---------------------------------------------------------------------------
@@ -115,15 +126,27 @@ class GroupMember(ViewFollower):
         if not ok:
             log.warning("%s failed (%s): now %s", key, error, state.replace("_", " "))
 
-    def path_of(self, f: dict) -> Path:
-        return locate(self.view_dir, self.view, relative_path(self.view, f["key"]),
-                      f["object"].get("properties"))
-
-    def catch_up_mount(self, version: int) -> None:
+    def give_back(self, key: str, reason: str) -> None:
+        """Return a file unworked: the group gives it out again, no attempt counted."""
         try:
-            os.setxattr(self.view_dir, SYNC_XATTR, str(version).encode())
-        except OSError as exc:
-            log.warning("the mount did not catch up to version %d (%s)", version, exc.strerror)
+            state = self.until_answered(lambda: self._control(
+                self.control.group_give_back, self.view.id, self.group, self.id, key, reason),
+                self.refused)["state"]
+        except (HandlerError, WatchError) as exc:
+            log.warning("could not give %s back (%s): it is given out again when its lease runs out",
+                        key, exc)
+            return
+        log.warning("gave %s back to the group unworked (%s): now %s", key, reason, state)
+
+    def path_of(self, f: dict) -> Path | None:
+        """Where the mount shows the file; None for a key the view shows no file for
+        (docs/SEMANTICS.md, "Which keys are shown")."""
+        rel = relative_path(self.view, f["key"])
+        props = f["object"].get("properties")
+        if not rel or rel.endswith("/") or (
+                self.view.layout_by and unshowable_values(layout_values(self.view.layout_by, props or {}))):
+            return None
+        return locate(self.view_dir, self.view, rel, props)
 
     def run_command(self, f: dict, path: Path) -> None:
         quoted = shlex.quote(str(path))
@@ -146,18 +169,43 @@ class GroupMember(ViewFollower):
                 self.held.pop(f["key"], None)
             self.slots.release()
 
+    def let_go(self, key: str) -> None:
+        """A file claimed here that no command runs on: no longer renewed, its slot free."""
+        with self.held_lock:
+            self.held.pop(key, None)
+        self.slots.release()
+
     def hand_out(self, files: list[dict]) -> None:
-        self.catch_up_mount(max(f["version"] for f in files))
+        """Print or start each claimed file once the mount shows it; give back the others."""
+        with self.held_lock:
+            for f in files:
+                self.held[f["key"]] = None  # renewed while the mount catches up
+        paths = {}
         for f in files:
             path = self.path_of(f)
+            if path is None:
+                self.let_go(f["key"])
+                self.finish(f["key"], False, "the view shows no file for this key")
+            else:
+                paths[f["key"]] = path
+        if not paths:
+            return
+        shown = set(show_in_mount(self, max(f["version"] for f in files), list(paths.values()),
+                                  CATCH_UP_LIMIT))
+        for f in files:
+            path = paths.get(f["key"])
+            if path is None:
+                continue
+            if path not in shown:
+                self.let_go(f["key"])
+                self.give_back(f["key"], f"the mount did not show {path}")
+                continue
             if self.command is None:
                 self.out.write(f"{path}\n")
                 self.out.flush()
                 self.finish(f["key"], True)
-                self.slots.release()
+                self.let_go(f["key"])
             else:
-                with self.held_lock:
-                    self.held[f["key"]] = None
                 threading.Thread(target=self.run_command, args=(f, path), daemon=True,
                                  name=f"delvefs-group-{f['key'][:40]}").start()
 
@@ -195,8 +243,8 @@ class GroupMember(ViewFollower):
 
     def run(self, existing: bool) -> None:
         self.join(existing)
-        # scripts may wait for this line
-        log.info("member %s of group %s of view %s: waiting for files", self.id, self.group, self.view.name)
+        announce_ready(self.ready_file, f"member {self.id} of group {self.group} of view "
+                                        f"{self.view.name}: waiting for files")
         threading.Thread(target=self.renew_loop, daemon=True, name="delvefs-group-renew").start()
         try:
             while True:

@@ -145,13 +145,34 @@ def _bind_principal(request, **_) -> None:
         request.params[PRINCIPAL_PARAM] = principal
 
 
+def _sign_v4(**_) -> str | None:
+    """botocore ``choose-signer`` hook: SigV4 for a proof, whatever the client's config. A
+    client without ``signature_version`` presigns S3 URLs with SigV2, which the handler
+    refuses (it reads the principal and the lifetime from SigV4's signed parameters)."""
+    return "s3v4" if _presign_principal.get() is not None else None
+
+
+def _regional_endpoint(context, **_) -> None:
+    """botocore ``before-endpoint-resolution`` hook: a proof names the regional endpoint.
+    Without ``addressing_style="virtual"`` botocore presigns for the global
+    ``s3.amazonaws.com``, which outside us-east-1 is not the endpoint of the region the URL
+    is signed for: the handler refuses such a URL (it fetches no redirect)."""
+    if _presign_principal.get() is not None and context.get("is_presign_request"):
+        context["use_global_endpoint"] = False
+
+
 def presigned_list_url(client, bucket: str, *, prefix: str = "", principal: str = DEFAULT_PRINCIPAL,
                        expires: int = DEFAULT_PROOF_LIFETIME) -> str:
     """A presigned ListObjectsV2 URL (max-keys=0) of ``bucket`` under ``prefix``, bound to
     the handler ``principal``: the proof, sent to the handler, that these credentials may
-    list that prefix (docs/API.md, "Who sees what")."""
-    client.meta.events.register("before-sign.s3.ListObjectsV2", _bind_principal,
-                                unique_id="delvefs-bind-principal")
+    list that prefix (docs/API.md, "Who sees what"). Any boto3 S3 client will do (a plain
+    ``boto3.client("s3")`` too): the URL is signed with SigV4, for an endpoint of its region."""
+    events = client.meta.events
+    events.register("before-sign.s3.ListObjectsV2", _bind_principal, unique_id="delvefs-bind-principal")
+    # first: ahead of botocore's own hooks (its SigV2 default for presigned S3 URLs)
+    events.register_first("choose-signer.s3.ListObjectsV2", _sign_v4, unique_id="delvefs-sign-v4")
+    events.register_first("before-endpoint-resolution.s3", _regional_endpoint,
+                          unique_id="delvefs-regional-endpoint")
     reset = _presign_principal.set(principal)
     try:
         return client.generate_presigned_url(
@@ -378,6 +399,18 @@ def list_pages(client, bucket: str, page_size: int = 1000):
         if not resp.get("IsTruncated"):
             return
         kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+
+
+def list_level(client, bucket: str, prefix: str, continuation: str | None = None) -> dict:
+    """One ListObjectsV2 page of one level below ``prefix`` (delimiter ``/``):
+    ``{"objects": [{"key", "size", "etag"}], "prefixes": [common prefix, ...], "next":
+    continuation token or None}`` (ETags without quotes)."""
+    kwargs = {"ContinuationToken": continuation} if continuation else {}
+    resp = client.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/", MaxKeys=1000, **kwargs)
+    return {"objects": [{"key": c["Key"], "size": int(c.get("Size", 0)),
+                         "etag": str(c.get("ETag", "")).strip('"')} for c in resp.get("Contents", [])],
+            "prefixes": [p["Prefix"] for p in resp.get("CommonPrefixes", [])],
+            "next": resp.get("NextContinuationToken") if resp.get("IsTruncated") else None}
 
 
 def get_object_tags(client, bucket: str, key: str) -> dict[str, str] | None:

@@ -29,7 +29,11 @@ class ShardMapError(ValueError):
 
 
 def shard_score(shard: str, bucket: str) -> int:
-    """Rendezvous hashing: the owner of a bucket is the shard that scores highest."""
+    """Rendezvous hashing: the owner of a bucket is the shard that scores highest (of equal
+    scores, the greatest name). The score is BLAKE2b with an 8-byte output (its digest
+    length parameter, not a cut longer digest) of UTF-8(shard) + LF + UTF-8(bucket), read
+    big-endian: what docs/ARCHITECTURE.md ("The owner of a bucket, exactly") defines for
+    other clients, pinned by fixed vectors in tests/unit/test_shards.py."""
     digest = hashlib.blake2b(f"{shard}\n{bucket}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 

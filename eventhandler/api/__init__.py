@@ -60,6 +60,7 @@ class Api:
         router.add_post("/v1/views/{id}/groups/{group}/done", groups.group_done)
         router.add_get("/v1/views/{id}/groups/{group}", groups.group_status)
         router.add_get("/v1/objects/{bucket}/{key:.+}", views.lookup)
+        router.add_post("/v1/objects/wait", views.wait_objects)
         router.add_post("/v1/reconcile", operations.reconcile)
         router.add_get("/v1/status", operations.status)
         router.add_get("/v1/shards", shards.shards)

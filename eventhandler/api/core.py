@@ -89,15 +89,27 @@ class ApiCore:
                            "valid proof of list rights on its bucket and root: register it with one)")
         info = self.engine.views_by_id.get(vid)
         if info is None:
-            moved = self.sharding.moved_view(vid) if self.sharding is not None else None
-            if moved is not None:  # forgotten with its bucket, which another shard owns now
-                self.authorize(request["principal"], *moved, unknown)
-                raise self.misdirected(moved[0])
+            self.follow_moved_view(request["principal"], vid, unknown)
             raise unknown
         self.authorize(request["principal"], info.bucket, info.view.root, unknown)
         self.owned(info.bucket)  # a bucket being handed off
         self.engine.touch(info)  # in use: not forgotten (--view-ttl)
         return info
+
+    def follow_moved_view(self, principal: str, vid: str, unknown: ApiError) -> None:
+        """421 naming the owner when view ``vid`` is of a bucket another shard owns: a view
+        known here whose bucket is being handed off, or one forgotten when its bucket was —
+        to a caller holding a grant of its bucket and root (``unknown``, or 403
+        "proof_expired", to others: an id tells its bucket only to who may list it).
+        Returns for any other view. A view this shard never had, or forgot otherwise, names
+        no bucket (its id is a hash of its spec): the caller answers it as unknown."""
+        if self.sharding is None:
+            return
+        info = self.engine.views_by_id.get(vid)
+        where = (info.bucket, info.view.root) if info is not None else self.sharding.moved_view(vid)
+        if where is not None and not self.serves(where[0]):
+            self.authorize(principal, *where, unknown)
+            raise self.misdirected(where[0])
 
     def readable(self, principal: str, info) -> bool:
         return self.grants.status(principal, info.bucket, info.view.root) == GRANTED
@@ -165,6 +177,36 @@ class ApiCore:
             return True, (f"the object store refused it (HTTP {status}): the credentials that signed it "
                           f"cannot list prefix {proof.prefix!r}, or it expired")
         return False, None
+
+    async def fence(self, wait: float) -> bool:
+        """Returns once every event the broker held when called has been applied (the
+        consumer's fence) and the tag fetches they started are done, or after ``wait``
+        seconds; False when no fence could be set (not consuming, or an event source without
+        order) or it did not pass in time."""
+        request = getattr(self.consumer, "request_fence", None)
+        if request is None or wait <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        passed = loop.create_future()
+
+        def on_passed() -> None:  # (the consumer's thread)
+            loop.call_soon_threadsafe(lambda: passed.done() or passed.set_result(True))
+        if not request(on_passed):
+            return False
+        deadline = loop.time() + wait
+        try:
+            async with asyncio.timeout(wait):
+                await passed
+        except TimeoutError:
+            self.consumer.drop_fence(on_passed)
+            return False
+        # objects whose tags a view needs are in no view until their tags are fetched
+        fetches = self.engine.tag_fetches_under_way()
+        while fetches and not self.engine.tag_fetches_settled(fetches):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def wait_ready(self, info, wait: float) -> None:
         if self.engine.view_ready(info):

@@ -1,6 +1,6 @@
 """The routes of work-queue groups (docs/API.md, "Work-queue groups"; the groups
 themselves: eventhandler/groups.py): joining, leaving, claiming (a long poll), renewing,
-reporting, and a group's report."""
+reporting a file done, failed or given back unworked, and a group's report."""
 from __future__ import annotations
 
 import asyncio
@@ -141,14 +141,24 @@ class GroupRoutes(Routes):
 
     async def group_done(self, request: web.Request):
         """The member is done with a file: ``ok`` true acknowledges it, false counts a
-        failed attempt (``error``: why)."""
-        _info, _name, group = self._group(request)
+        failed attempt (``error``: why); ``give_back`` true returns it unworked, the attempt
+        not counted (the member's mount could not show it)."""
+        info, _name, group = self._group(request)
         body = await self._group_body(request)
         member = self._member(request, group, body.get("member"))
         key = body.get("key")
         if not isinstance(key, str):
             raise ApiError(400, "bad_request", "key must be the file's key")
         key_arg(key, "key")
+        give_back = body.get("give_back", False)
+        if not isinstance(give_back, bool):
+            raise ApiError(400, "bad_request", "give_back must be true or false")
+        if give_back:
+            state = group.give_back(member.id, key, wg.in_view(self.core.engine, info, key))
+            if state in ("pending", "removed"):
+                log.info("member %s of group %r gave %s back (%s): now %s", member.id, group.name,
+                         key, str(body.get("error") or "no reason given")[:200], state)
+            return reply(request, {"key": key, "state": state})
         error = body.get("error")
         state = group.finish(member.id, key, body.get("ok") is not False,
                              error if isinstance(error, str) else None)

@@ -21,6 +21,7 @@ from .common import (DEFAULT_LIMIT, MAX_LIMIT, MAX_VERSION, MAX_VIEW_NAME, MAX_V
 from .core import Routes
 
 INLINE_OBJECTS = 200  # objects of a listing read on the event loop (~1 µs each)
+FENCE_WAIT = 10.0  # longest a `fresh` listing waits for the events the broker held
 
 
 async def wait_event(ev: asyncio.Event, seconds: float) -> bool:
@@ -101,10 +102,13 @@ class ViewRoutes(Routes):
         vid = request.match_info["id"]
         if not VIEW_ID.fullmatch(vid):
             raise ApiError(400, "bad_request", "a view id is 16 lowercase hex digits")
+        unknown = ApiError(404, "not_found", f"no view {vid} registered by you")
+        # a view of a bucket another shard owns: its registrations are the owner's to drop
+        self.core.follow_moved_view(request["principal"], vid, unknown)
         forgotten = await asyncio.get_running_loop().run_in_executor(
             None, self.core.engine.unregister, vid, request["principal"])
         if forgotten is None:
-            raise ApiError(404, "not_found", f"no view {vid} registered by you")
+            raise unknown
         return reply(request, {"id": vid, "forgotten": forgotten})
 
     async def view_log(self, request: web.Request):
@@ -125,6 +129,12 @@ class ViewRoutes(Routes):
         after = request.query.get("after") or None
         if after is not None:
             key_arg(after, "after")
+        if after is None and request.query.get("fresh") == "1":
+            # a mount's first listing: after what the broker held when it asked, so it shows
+            # every object whose PUT returned before (MinIO publishing synchronously)
+            if not await self.core.fence(FENCE_WAIT):
+                log.info("listing view %s without a fence (the broker is not being consumed, "
+                         "or its backlog took over %.0f s)", info.id, FENCE_WAIT)
         await self.core.wait_ready(info, float_arg(request, "wait", 30.0, 300.0))
         engine = self.core.engine
         # the first objects on the loop (a small view's whole listing, without two thread
@@ -238,3 +248,67 @@ class ViewRoutes(Routes):
         by_id = self.core.engine.views_by_id
         obj["views"] = [vid for vid in obj["views"] if vid in by_id and self.core.readable(principal, by_id[vid])]
         return reply(request, obj)
+
+    async def wait_objects(self, request: web.Request):
+        """``POST /v1/objects/wait``: returns once this handler's record of each object is
+        the version named (an ETag; null: the key gone), or a newer one, or after ``wait``
+        seconds; ``pending`` names what it still lacks. What a mount's ``delvefs sync``
+        waits for, so that a mount started afterwards lists what it wrote."""
+        body = await read_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("bucket"), str) \
+                or not isinstance(body.get("objects"), list):
+            raise ApiError(400, "bad_request", 'body must be {"bucket", "objects": [{"key", "etag", '
+                           '"since"}], "wait": seconds}')
+        bucket, wanted = body["bucket"], body["objects"]
+        if not valid_bucket(bucket):
+            raise ApiError(400, "bad_request", f"{bucket[:80]!r} is no valid bucket name")
+        if len(wanted) > MAX_WAITED_OBJECTS:
+            raise ApiError(400, "bad_request", f"at most {MAX_WAITED_OBJECTS} objects in one request")
+        for w in wanted:
+            if not isinstance(w, dict) or not isinstance(w.get("key"), str) \
+                    or not isinstance(w.get("etag"), (str, type(None))) \
+                    or not isinstance(w.get("since", 0), (int, float)):
+                raise ApiError(400, "bad_request", 'each object must be {"key": str, "etag": str or '
+                               'null, "since": epoch seconds}')
+            key_arg(w["key"], "a key")
+        wait = body.get("wait", 30)
+        if not isinstance(wait, (int, float)) or not 0 <= wait < float("inf"):
+            raise ApiError(400, "bad_request", "wait must be a number of seconds, 0 or more")
+        self.core.owned(bucket)
+        principal = request["principal"]
+        for w in wanted:  # a key the caller may not list: as if the handler had no record
+            self.core.authorize(principal, bucket, w["key"], ApiError(
+                404, "not_found", f"no object {bucket}/{w['key']} that you may read"))
+        deadline = time.monotonic() + min(float(wait), MAX_OBJECT_WAIT)
+        engine, hub = self.core.engine, self.core.hub
+        loop = asyncio.get_running_loop()
+        while True:
+            woken = hub.event(bucket)  # taken before the check: a commit after it wakes us
+            wanted = await loop.run_in_executor(None, _still_missing, engine, bucket, wanted)
+            left = deadline - time.monotonic()
+            if not wanted or left <= 0:
+                break
+            await wait_event(woken, min(left, 0.25))
+        return reply(request, {"pending": [{"key": w["key"], "etag": w.get("etag"), "seen": w["seen"]}
+                                           for w in wanted]})
+
+
+MAX_WAITED_OBJECTS = 1000
+MAX_OBJECT_WAIT = 120.0
+
+
+def _still_missing(engine, bucket: str, wanted: list[dict]) -> list[dict]:
+    """The objects of ``wanted`` whose version the handler's record is not yet, each with
+    ``seen``: the ETag the handler has (null: none). A record newer than the change
+    (written after its ``since`` by someone else) counts as having it."""
+    missing = []
+    for w in wanted:
+        rec = engine.lookup(bucket, w["key"])
+        etag = w.get("etag")
+        if rec is None:
+            if etag is None:
+                continue
+        elif rec["etag"] == etag or float(rec.get("mtime") or 0) > float(w.get("since") or 0) + 1.0:
+            continue
+        missing.append({**w, "seen": None if rec is None else rec["etag"]})
+    return missing

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import time
 
 import trio
 
 from delvefs.client.errors import Changed, StoreError
 from delvefs.client.handler_api import Resync
+from delvefs.client.writelog import WriteLog
 
 
 class FakeHandler:
@@ -111,7 +113,19 @@ class FakeHandler:
             out.append({"name": v["name"], "id": self.by_name[v["name"]], "version": st["version"]})
         return out
 
-    async def list_page(self, view_id, after, limit=50000, *, hold=True):
+    async def wait_objects(self, bucket, objects, wait):
+        """What the fake's views do not show yet of ``objects`` (a put: its ETag listed in
+        some view; a delete: the key in none), at once: the fake has no event delay."""
+        shown = {}
+        for st in self.views.values():
+            for key, obj in st["objects"].items():
+                shown.setdefault(key, set()).add(obj["etag"])
+        self.calls["wait_objects"] = self.calls.get("wait_objects", 0) + 1
+        return [{**o, "seen": None} for o in objects
+                if (o["etag"] is None and o["key"] in shown)
+                or (o["etag"] is not None and o["etag"] not in shown.get(o["key"], ()))]
+
+    async def list_page(self, view_id, after, limit=50000, *, hold=True, fresh=False):
         await self._answer(view_id, listing=hold)
         self.calls["list"] += 1
         st = self.views[view_id]
@@ -167,6 +181,8 @@ class FakeStore:
         self.fail_at = None      # a GET reaching this offset fails there (EIO) after the bytes before it
         self.gate = None         # a trio.Event: GETs wait for it before answering
         self.manifests: list[dict] = []  # every publish manifest written (put_small)
+        self.written = WriteLog()  # as S3Store's: what S3 accepted
+        self.lists = 0           # ListObjectsV2 requests
 
     def put(self, bucket: str, key: str, data: bytes, *, tags=None, metadata=None, mtime=1e9) -> dict:
         etag = hashlib.md5(data).hexdigest()
@@ -228,11 +244,11 @@ class FakeStore:
             raise Changed(f"PUT {bucket}/{key}: S3 has another version")
         with open(filename, "rb") as f:
             data = f.read()
-        import time
         obj = self.put(bucket, key, data, tags=tags, metadata=metadata, mtime=time.time())
         self.objects[(bucket, key)]["content_type"] = content_type
         self.uploaded.append({"bucket": bucket, "key": key, "tags": dict(tags or {}),
                               "content_type": content_type, "data": data})
+        self.written.wrote(bucket, key, obj["etag"], time.time())
         return {"etag": obj["etag"], "size": obj["size"], "mtime": None}
 
     async def copy(self, bucket, key, src_bucket, src_key, *, src_etag=None, metadata=None):
@@ -246,6 +262,7 @@ class FakeStore:
         if self.multipart_copy_size is not None and len(o["data"]) >= self.multipart_copy_size:
             o["etag"] = hashlib.md5(o["etag"].encode()).hexdigest() + "-2"  # as a multipart copy's
         self.objects[(bucket, key)] = o
+        self.written.wrote(bucket, key, o["etag"], o["mtime"])
         return {"etag": o["etag"], "size": len(o["data"]), "mtime": o["mtime"], "metadata": meta}
 
     async def put_small(self, bucket, key, body, *, metadata):
@@ -258,6 +275,7 @@ class FakeStore:
         self.wcalls["delete"] += 1
         self._check_write(f"DELETE {bucket}/{key}")
         self.objects.pop((bucket, key), None)
+        self.written.wrote(bucket, key, None, 0.0)
 
     async def delete_many(self, bucket, keys):
         self.delete_batches += 1
@@ -266,7 +284,24 @@ class FakeStore:
         self.deleted.append(list(keys))
         for k in keys:
             self.objects.pop((bucket, k), None)
+            self.written.wrote(bucket, k, None, 0.0)
         return {}
+
+    async def list_level(self, bucket, prefix, continuation=None):
+        """All of one level at once (the fake never pages)."""
+        self.lists += 1
+        objects, prefixes = [], []
+        for (b, k), o in sorted(self.objects.items()):
+            if b != bucket or not k.startswith(prefix):
+                continue
+            rest = k[len(prefix):]
+            if "/" in rest:
+                sub = prefix + rest.split("/", 1)[0] + "/"
+                if sub not in prefixes:
+                    prefixes.append(sub)
+            else:
+                objects.append({"key": k, "size": len(o["data"]), "etag": o["etag"]})
+        return {"objects": objects, "prefixes": prefixes, "next": None}
 
     async def put_tags(self, bucket, key, tags):
         self.wcalls["put_tags"] += 1
@@ -357,6 +392,7 @@ class FakeMultipart:
         self.upload_id = None
         self.store.uploaded.append({"bucket": self.bucket, "key": self.key, "tags": dict(self.tags or {}),
                                     "content_type": self.content_type, "data": data})
+        self.store.written.wrote(self.bucket, self.key, obj["etag"], time.time())
         return obj["etag"]
 
     async def abort(self):

@@ -681,6 +681,70 @@ async def test_a_file_created_and_unlinked_where_this_mount_deleted_one_stays_go
     assert await w.names("v") == [] and w.obj("v", "data/f") is None
 
 
+@pytest.mark.parametrize("op", ["unlink", "rename away"])
+@pytest.mark.parametrize("second", [b"two", b"one"], ids=["other bytes", "the same bytes"])
+async def test_a_name_removed_twice_here_stays_gone_whatever_the_handlers_news_says_meanwhile(
+        make_world, op, second):
+    # f is written, removed, written again (the same bytes: the same ETag) and removed again
+    # by this mount (an eager unlink's DELETE still queued; a rename's DELETE landed). The
+    # handler, behind, then reports each state of the key in turn: the first removal, the
+    # second upload, and only then the second removal. Neither the news of the older removal
+    # nor that of the upload before the last removal may show the name again
+    w = make_world(wview(ttl=0.0), eager=True, delete_gather=60.0)
+    await w.start()
+    top = await w.path("v")
+
+    async def remove(n: int) -> None:
+        if op == "unlink":
+            await w.fs.unlink(top.ino, "f")
+        else:
+            await w.fs.rename(top.ino, "f", top.ino, f"g{n}")
+    await w.write("v/f", b"one")
+    assert await w.fs.sync_all() == []
+    await remove(1)
+    await w.write("v/f", second)
+    assert await w.fs.sync_all() == []                    # (sends the first DELETE first)
+    uploaded = dict(w.obj("v", "data/f"))
+    await remove(2)
+    gone = ["g1", "g2"] if op == "rename away" else []
+    w.handler.delete("v", "data/f")                       # the first removal
+    assert await w.path("v/f") is None and await w.names("v") == gone
+    w.handler.put("v", "data/f", len(second), uploaded["etag"], uploaded["mtime"])  # the upload
+    assert await w.path("v/f") is None and await w.names("v") == gone
+    assert await w.fs.sync_all() == [] and w.obj("v", "data/f") is None
+    w.handler.delete("v", "data/f")                       # the last removal
+    assert await w.path("v/f") is None and await w.names("v") == gone
+    await w.write("v/f", b"three")                        # written again: shown again
+    assert await w.read("v/f") == b"three"
+
+
+async def test_a_file_renamed_onto_a_changed_one_stays_whatever_the_handlers_news_says_meanwhile(
+        make_world):
+    # f is uploaded empty, unlinked, uploaded empty again and truncated (dirty, not uploaded
+    # yet); then an empty file is renamed onto it. The handler, behind, then reports the first
+    # upload (the same ETag as the file now there) and the unlink after it: neither may take
+    # the file away
+    w = make_world(wview(ttl=0.0), eager=True, delete_gather=60.0)
+    await w.start()
+    top = await w.path("v")
+    await w.write("v/f", b"")
+    assert await w.fs.sync_all() == []
+    first = dict(w.obj("v", "data/f"))
+    await w.fs.unlink(top.ino, "f")
+    await w.write("v/f", b"")
+    assert await w.fs.sync_all() == []
+    await w.fs.setattr((await w.path("v/f")).ino, size=5)   # truncate(2): queued
+    fh, _ = await w.open_write("v/src")
+    await w.fs.fsync(fh)                                       # uploaded (empty) now
+    await w.close(fh)
+    await w.fs.rename(top.ino, "src", top.ino, "f")
+    w.handler.put("v", "data/f", 0, first["etag"], first["mtime"])   # the first upload
+    assert await w.names("v") == ["f"]
+    w.handler.delete("v", "data/f")                                  # the unlink
+    assert await w.names("v") == ["f"] and await w.read("v/f") == b""
+    assert await w.fs.sync_all() == [] and w.obj("v", "data/f")["data"] == b""
+
+
 async def test_a_read_of_a_version_shorter_than_its_listed_size_shows_its_size(make_world):
     # the listing names the version S3 has with another size than it has (a size this
     # mount took from a local file): the read's ranged GET fails; the mount asks S3 and

@@ -402,8 +402,8 @@ async def test_view_and_sync_xattrs(make_world):
     top = await w.path("v")
     assert await w.fs.listxattr(top.ino) == ["user.delvefs.view", "user.delvefs.stale"]
     info = json.loads(await w.fs.getxattr(top.ino, "user.delvefs.view"))
-    assert info == {"id": "id-v", "name": "v", "handler": None, "bucket": "b", "root": "data/",
-                    "layout": "tree", "version": w.fs.views[0].version}
+    assert info == {"id": "id-v", "name": "v", "handler": None, "shard": None, "handlers": None,
+                    "bucket": "b", "root": "data/", "layout": "tree", "version": w.fs.views[0].version}
     flat = json.loads(await w.fs.getxattr((await w.path("f")).ino, "user.delvefs.view"))
     assert flat["layout"] == "flat"
     # a change the mount has not fetched (ttl not over): sync fetches it now
@@ -608,3 +608,62 @@ async def test_copy_file_range_of_anything_else_lets_the_kernel_copy(make_world)
     await w.close(fh_out)
     await w.fs.release(fh_in)
 
+
+
+async def test_rmdir_fails_while_s3_holds_a_file_below_that_a_refresh_would_show(make_world):
+    w = make_world(wview(), wview("tagged", properties={"stage": ["raw"]}, object="data/*"))
+    w.add("v", "data/d/a", b"a")
+    await w.start()
+    top = await w.path("v")
+    d = await w.path("v/d")
+    await w.fs.unlink(d.ino, "a")
+    w.store.put("b", "data/d/late", b"late")              # another client's, not listed here
+    w.store.put("b", "data/d/bad//name", b"x")            # one no view can show: does not count
+    assert await errno_of(w.fs.rmdir(top.ino, "d")) == errno.ENOTEMPTY
+    assert w.fs.views[0].deltas >= 1                       # it asked for a refresh
+    w.sync_handler("v", "data/d/late")                     # the handler learns of it
+    await w.fs.listings.refresh_now(w.fs.views[0])
+    assert await w.names("v/d") == ["late"]
+    await w.fs.unlink(d.ino, "late")
+    lists = w.store.lists
+    await w.fs.rmdir(top.ino, "d")                          # only what this mount removed: empty
+    assert w.store.lists > lists and await w.names("v") == []
+    tagged = await w.path("tagged")
+    w.store.put("b", "data/e/untagged", b"u")              # the tagged view would not show it
+    await w.fs.mkdir(tagged.ino, "e")
+    await w.fs.rmdir(tagged.ino, "e")
+
+
+async def test_eager_rmdir_does_not_count_the_deletes_it_queued(make_world):
+    w = make_world(wview(), eager=True)
+    for i in range(3):
+        w.add("v", f"data/d/f{i}", b"x")
+        w.add("v", f"data/d/s/g{i}", b"x")
+    await w.start()
+    top, d, sub = await w.path("v"), await w.path("v/d"), await w.path("v/d/s")
+    for i in range(3):                                      # rm -r: bottom-up
+        await w.fs.unlink(sub.ino, f"g{i}")
+    await w.fs.rmdir(d.ino, "s")
+    for i in range(3):
+        await w.fs.unlink(d.ino, f"f{i}")
+    assert w.obj("v", "data/d/f0") is not None             # the DELETEs wait in their queue
+    lists = w.store.lists
+    await w.fs.rmdir(top.ino, "d")
+    assert await w.names("v") == []
+    assert w.store.lists == lists + 1                       # d/s/ was checked a moment ago
+
+
+async def test_wait_for_handler_reports_what_it_has_not_seen_and_forgets_what_it_has(make_world):
+    w = make_world(wview())
+    w.add("v", "data/old", b"old")
+    await w.start()
+    await w.write("v/new", b"new")
+    top = await w.path("v")
+    await w.fs.unlink(top.ino, "old")
+    lines = await w.fs.wait_for_handler(1.0)
+    assert sorted(line.split(":")[0] for line in lines) == ["b/data/new", "b/data/old"]
+    assert "has not seen" in lines[0]
+    w.sync_handler("v", "data/new")
+    w.sync_handler("v", "data/old")
+    assert await w.fs.wait_for_handler(1.0) == []
+    assert len(w.store.written) == 0                        # confirmed: forgotten

@@ -106,17 +106,17 @@ class Mounts:
                     subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True)
 
 
-def private_stack(private_services, tmp_path: Path) -> "Mounts":
+def private_stack(private_services, tmp_path: Path, **service_options) -> "Mounts":
     """Private MinIO + RabbitMQ (which a test may stop), a handler on them, a bucket wired
     to it and mounts: ``.svc``, ``.s3``, ``.bucket``, ``.handler``. Close with
-    ``close_private_stack``."""
+    ``close_private_stack``. ``service_options``: LocalServices' (``queue_dir=True``)."""
     import uuid
 
     from delvefs.shared import s3 as s3api
     from delvefs.shared.config import S3Settings
     if not fuse_available():
         service_unavailable("/dev/fuse or fusermount3 missing")
-    svc = private_services()
+    svc = private_services(**service_options)
     env = svc.env()
     h = started_handler(env, tmp_path / "own-handler")
     client = s3api.make_client(S3Settings.from_env(env))

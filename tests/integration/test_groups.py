@@ -1,8 +1,9 @@
 """Work-queue groups on real MinIO, RabbitMQ, handlers and mounts: `delvefs watch --group
 G --exec CMD` members share a view's files — each file processed once; a member SIGKILLed
 mid-file loses its file to another; a file whose command always fails is set aside after N
-attempts; a handler restart and a standby takeover in the middle lose nothing; a principal
-without the view's grant cannot join."""
+attempts; a handler restart and a standby takeover in the middle lose nothing; members
+run no command on a file their mount cannot show yet across many handler restarts; a
+principal without the view's grant cannot join."""
 from __future__ import annotations
 
 import collections
@@ -15,12 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from delvefs.client.handler_api import HandlerError, SyncHandlerClient
+
+from delvefs.shared import s3 as s3api
 from eventhandler.auth import add_principal
 from eventhandler.devtools import HandlerGroup
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until
-from .mounts import DELVEFS, Mounts, fuse_available
+from .mounts import DELVEFS, Mounts, fuse_available, handler  # noqa: F401  (fixture)
 from .test_watch import views
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
@@ -31,6 +34,7 @@ MAX_FAILURES = 3
 MEMBERS = 3
 JOBS = 2
 DONE_TIMEOUT = 180.0  # bound on 200 files through 3 members (a loaded machine)
+RESTARTS = 20
 
 # The members' command: reads the file through the mount, logs "KEY MEMBER" when done.
 # Its first attempt at a "slow" file says so and hangs (until its member is killed); a
@@ -223,6 +227,97 @@ def test_a_standby_takeover_and_a_handler_restart_lose_nothing(stack):
     # at most the files in flight at each of the two moments: members x jobs each
     duplicates = sum(n - 1 for n in done.values())
     assert duplicates <= 2 * MEMBERS * JOBS, done.most_common(5)
+
+
+def test_handler_restarts_cost_no_attempt_and_run_no_file_twice(stack):
+    """A handler stopping (SIGTERM) still answers the claims waiting in it for a moment
+    while its port is closed: a member then holds a file its mount cannot fetch until the
+    handler is back. Files keep appearing through 20 restarts; with --max-failures 1 any
+    command run on a file the mount does not show (or any lapsed lease) would set a file
+    aside. No file fails, each runs once, at its first attempt."""
+    stack.mount(stack.active.url)
+    for _ in range(MEMBERS):  # a lease well beyond a restart: no lease runs out
+        stack.member("--lease", "30", "--max-failures", "1")
+    attempts_log = stack.tmp / "done.log.attempts"
+
+    def started() -> int:
+        return len(attempts_log.read_text().splitlines()) if attempts_log.exists() else 0
+    put: list[str] = []
+    writing = threading.Event()
+    writing.set()
+
+    def writer() -> None:
+        # a few files ahead of the commands started, so that files arrive also while a
+        # handler stops
+        while writing.is_set():
+            wait_until(lambda: not writing.is_set() or len(put) - started() < MEMBERS * JOBS,
+                       DONE_TIMEOUT, "the members to catch up with the writer")
+            if writing.is_set():
+                key = f"runs/r{len(put):05d}.fastq"
+                stack.s3.put_object(Bucket=stack.bucket, Key=key, Body=b"@r\nACGT\n+\nIIII\n")
+                put.append(key)
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        for _ in range(RESTARTS):
+            progress = started()
+            wait_until(lambda: started() >= progress + MEMBERS, DONE_TIMEOUT,
+                       "commands started since the last restart", interval=0.01)
+            stack.active.stop()
+            stack.active.start()
+    finally:
+        writing.clear()
+        thread.join(DONE_TIMEOUT)
+    assert [m.poll() for m in stack.members] == [None] * MEMBERS, [stack.stderr(m)[-2000:] for m in stack.members]
+
+    def settled() -> dict | None:
+        group = stack.group()
+        finished = set(stack.done()) | {f["key"] for f in group["failed_files"]}
+        return group if finished >= set(put) and group["in_flight"] == 0 else None
+    group = wait_until(settled, DONE_TIMEOUT, "every file done or set aside", interval=0.1)
+    assert (group["failed"], group["failed_files"]) == (0, []), group
+    done = stack.done()
+    assert set(done) == set(put) and set(done.values()) == {1}, done.most_common(3)
+    attempts = attempts_log.read_text().splitlines()
+    # every command ran on a file its mount showed (head found it), once, at attempt 1
+    assert sorted(attempts) == sorted(f"{key} 1" for key in put), \
+        collections.Counter(attempts).most_common(3)
+    waited = sum(stack.stderr(m).count("the mount cannot show version") for m in stack.members)
+    print(f"{len(put)} files, {RESTARTS} restarts; {waited} catch-ups waited for the handler")
+
+
+def test_a_file_given_back_costs_no_attempt_and_leaves_the_group_once_out_of_the_view(
+        handler, s3, bucket):  # noqa: F811
+    proof = s3api.presigned_list_url(s3, bucket, principal="default")
+    answer = handler.register({"fastq": {"bucket": bucket, "object": "runs/*.fastq"}}, {bucket: proof})
+    assert answer.status_code == 200, answer.text
+    vid = answer.json()["views"][0]["id"]
+    api = handler.api
+    api.group_join(vid, "g", "m1", max_failures=1)
+    api.group_join(vid, "g", "m2")
+    for name in ("a", "b"):
+        s3.put_object(Bucket=bucket, Key=f"runs/{name}.fastq", Body=b"@r\n")
+    claimed = []
+
+    def claimed_both() -> bool:
+        claimed.extend(api.group_claim(vid, "g", "m1", 2 - len(claimed), wait=5)["files"])
+        return len(claimed) == 2
+    wait_until(claimed_both, 30, "both files claimed")
+    assert [f["attempt"] for f in claimed] == [1, 1]
+
+    def give_back(member: str, key: str) -> str:
+        return api.group_give_back(vid, "g", member, key, "the mount did not show it")["state"]
+    assert give_back("m2", "runs/a.fastq") == "in_flight"  # only its holder gives it back
+    assert give_back("m1", "runs/a.fastq") == "pending"
+    (again,) = api.group_claim(vid, "g", "m2", 1, wait=0)["files"]
+    assert (again["key"], again["attempt"]) == ("runs/a.fastq", 1)  # no attempt counted
+    # b leaves the view while in flight: given back, it leaves the group
+    s3.delete_object(Bucket=bucket, Key="runs/b.fastq")
+    wait_until(lambda: api.lookup(bucket, "runs/b.fastq") is None, 30, "the deletion applied")
+    assert give_back("m1", "runs/b.fastq") == "removed"
+    assert api.group_done(vid, "g", "m2", "runs/a.fastq")["state"] == "done"
+    report = api.group_status(vid, "g")
+    assert (report["done"], report["failed"], report["in_flight"], report["backlog"]) == (1, 0, 0, 0)
 
 
 def test_another_principal_cannot_join_or_read_the_group(stack):

@@ -202,6 +202,21 @@ def test_a_proof_pointing_elsewhere_is_refused_without_a_request(start_handler, 
         server.server_close()
 
 
+def test_a_proof_made_with_a_plain_boto3_client_is_taken(start_handler, s3, bucket):
+    # docs/API.md's way "with boto3": a client as boto3 makes it from the environment, no
+    # Config (botocore would presign SigV2, which the handler refuses)
+    import boto3
+    s3.put_object(Bucket=bucket, Key="runs/a.fastq", Body=b"x")
+    h = start_handler()
+    alice = client(h, h.tokens["alice"])
+    url = s3mod.presigned_list_url(boto3.client("s3"), bucket, prefix="runs/", principal="alice")
+    assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in url
+    r = register(alice, {"runs": spec(bucket, object="runs/*")}, {bucket: url})
+    assert r.status_code == 200, r.text
+    vid = r.json()["views"][0]["id"]
+    wait_until(lambda: set(alice.list_all(vid)[1]) == {"runs/a.fastq"}, 30, "alice lists her view")
+
+
 def test_an_expired_proof_stops_granting(start_handler, s3, bucket):
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
     h = start_handler()

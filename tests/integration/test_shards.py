@@ -1,9 +1,11 @@
 """Three handler shards on one RabbitMQ and one MinIO: each bucket's events reach its owner
 only (routed by the broker), clients find the owner themselves (and follow a 421 when
 their map is outdated), a mount spans the shards, one shard's standby takes over a SIGKILL
-while the others go on, and a bucket handed to another shard keeps every object."""
+while the others go on, a bucket handed to another shard keeps every object, and
+``delvefs shards owner`` names any bucket's owner."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -168,6 +170,10 @@ def test_a_mount_spans_the_shards(deployment, tmp_path):
         for name, b in d.buckets.items():
             wait_until(lambda: {f"k{i:03d}" for i in range(3)} <= set(listdir(mp / name) or ()), CATCH_UP,
                        f"view {name} lists its bucket")
+            # the view's directory names the shard serving it, and the whole map
+            info = json.loads(os.getxattr(mp / name, "user.delvefs.view"))
+            assert (info["shard"], info["handler"]) == (name, d.map.urls(name)[0])
+            assert ShardMap.parse(info["handlers"]) == d.map
             (mp / name / "written.txt").write_text(f"into {b}")
         for name, b in d.buckets.items():  # close returned: S3 has it (close-to-open)
             assert d.s3.get_object(Bucket=b, Key="data/written.txt")["Body"].read() == f"into {b}".encode()
@@ -299,3 +305,39 @@ def files(d: Deployment, bucket: str, name: str, n: int = 5) -> set[str]:
 def names(keys: set[str]) -> set[str]:
     """The names a view of "data/*" shows for ``keys``."""
     return {k.split("/", 1)[1] for k in keys}
+
+
+def shards_owner(d: Deployment, *buckets: str) -> dict[str, dict]:
+    """``delvefs shards owner BUCKET... --json``, as an operator runs it: bucket -> answer."""
+    r = subprocess.run([DELVEFS, "shards", "owner", *buckets, "--json"], env=d.env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return {f["bucket"]: f for f in json.loads(r.stdout)}
+
+
+def test_a_shard_names_the_owner_of_a_view_it_can_place_and_any_buckets_owner_is_found(deployment):
+    d = deployment
+    vids = d.register()
+    bucket, vid = d.buckets["a"], vids[d.buckets["a"]]
+    requests = [("GET", f"/v1/views/{vid}/objects"), ("GET", f"/v1/views/{vid}/changes?since=0"),
+                ("DELETE", f"/v1/views/{vid}")]
+    # shard b never had the view: its id (a hash of its spec) names no bucket, so 404
+    for method, path in requests:
+        r = d.handlers["b"].http.request(method, path)
+        assert r.status_code == 404 and r.json()["error"] == "not_found", (method, path, r.text)
+    # any bucket's owner, used or not
+    unused = next(b for b in (f"never-used-{i}" for i in range(100)) if d.map.owner(b) == "b")
+    found = shards_owner(d, bucket, unused)
+    assert found[bucket] == {"bucket": bucket, "shard": "a", "urls": d.map.urls("a"), "by": "hash"}
+    assert found[unused] == {"bucket": unused, "shard": "b", "urls": d.map.urls("b"), "by": "hash"}
+    move(d, bucket, "c")
+    # shard a forgot the view with its bucket, and names the owner: 421 for every request
+    for method, path in requests:
+        r = d.handlers["a"].http.request(method, path)
+        assert r.status_code == 421, (method, path, r.text)
+        assert r.json()["owner"] == "c" and r.json()["urls"] == d.map.urls("c")
+    # the shards report the handoff; the map given to clients does not place it yet
+    assert shards_owner(d, bucket)[bucket] == {"bucket": bucket, "shard": "c", "urls": d.map.urls("c"),
+                                               "by": "handoff"}
+    # a client with the old map follows the 421 to c, which knows no registration of it yet
+    assert d.client.unregister(vid) is None and d.client.shards.owner(bucket) == "c"

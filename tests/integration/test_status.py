@@ -1,8 +1,10 @@
 """``delvefs status``: the handler's view during a first scan (its progress, before the scan
-ends) and a mount's files that S3 did not take yet (real handler, MinIO, RabbitMQ, FUSE)."""
+ends), the members of a work-queue group, a mount's files that S3 did not take yet and its
+daemon's pid and pid record (real handler, MinIO, RabbitMQ, FUSE)."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -14,7 +16,16 @@ import pytest
 from delvefs.shared import s3 as s3api
 
 from ..waiting import wait_until
-from .mounts import DELVEFS, Mounts, close_private_stack, listdir, private_stack, started_handler
+from .mounts import (  # noqa: F401  (handler, mounts: fixtures)
+    DELVEFS,
+    Mounts,
+    close_private_stack,
+    handler,
+    listdir,
+    mounts,
+    private_stack,
+    started_handler,
+)
 
 pytestmark = [pytest.mark.services]
 
@@ -109,3 +120,42 @@ def test_mount_status_lists_files_s3_has_not_taken(private_services, tmp_path):
         assert r.returncode == 1 and "not mounted" in r.stderr
     finally:
         close_private_stack(m)
+
+
+def test_handler_status_lists_the_members_of_a_group(handler, s3, bucket):  # noqa: F811
+    proof = s3api.presigned_list_url(s3, bucket, principal="default")
+    answer = handler.register({"data": {"bucket": bucket, "object": "data/*"}}, {bucket: proof})
+    assert answer.status_code == 200, answer.text
+    vid = answer.json()["views"][0]["id"]
+    for member, client in (("node1:41:aa", "node1:41"), ("node2:42:bb", "node2:42")):
+        handler.api.group_join(vid, "align", member, client=client)
+    env = {**os.environ, "DELVEFS_HANDLER_TOKEN": handler.token}
+    (group,) = status_json(env, "--handler", handler.url)["groups"]
+    assert sorted((m["id"], m["client"]) for m in group["members"]) == \
+        [("node1:41:aa", "node1:41"), ("node2:42:bb", "node2:42")]
+    text = Mounts(handler.state_dir, env).run("status", "--handler", handler.url)
+    assert text.returncode == 0, text.stderr
+    rows = [line.split() for line in text.stdout.splitlines()]
+    assert ["GROUP", "MEMBER", "IN", "FLIGHT", "LAST", "HEARD", "CLIENT"] in rows, text.stdout
+    members = sorted(row for row in rows if row[:1] == ["align"] and row[1].startswith("node"))
+    assert [(row[1], row[2], row[-1]) for row in members] == \
+        [("node1:41:aa", "0", "node1:41"), ("node2:42:bb", "0", "node2:42")], text.stdout
+
+
+def test_mount_status_shows_the_daemon_pid_and_where_it_is_recorded(mounts, bucket):  # noqa: F811
+    mp = mounts.mount(f"""
+    data:
+      bucket: {bucket}
+      object: "data/*"
+    """)
+    record = mounts.tmp / "state" / "run" / f"{hashlib.sha256(str(mp).encode()).hexdigest()[:16]}.json"
+    recorded = json.loads(record.read_text())
+    assert set(recorded) == {"pid", "mountpoint", "cache_dir"} and recorded["mountpoint"] == str(mp)
+    pid = recorded["pid"]
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:  # the daemon itself
+        assert b"mount" in cmdline.read().split(b"\0")
+    st = status_json(mounts.env, str(mp))
+    assert (st["pid"], st["pid_record"]) == (pid, str(record))
+    text = mounts.run("status", str(mp))
+    assert text.returncode == 0, text.stderr
+    assert f"(daemon pid {pid}, recorded in {record}; " in text.stdout.splitlines()[0], text.stdout

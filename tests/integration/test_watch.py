@@ -1,7 +1,10 @@
 """`delvefs watch`: each file that appears in a mounted view is printed once, with a path
-that opens at once — driven by the handler's change stream, also across a handler restart."""
+that opens at once — driven by the handler's change stream, also across a handler restart;
+its readiness (the `ready:` line, `--ready-file`) for a watch and a group member; a reader
+that goes away ends it quietly."""
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 
@@ -18,7 +21,7 @@ EVENT_DELAY = 20.0
 class WatchProcess:
     """`delvefs watch` with its stdout collected line by line on a thread."""
 
-    def __init__(self, view_dir, env, *args, ready: str = "watching"):
+    def __init__(self, view_dir, env, *args, ready: str | None = "delvefs watch: ready: "):
         self.proc = subprocess.Popen([DELVEFS, "watch", str(view_dir), *args], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
@@ -27,10 +30,12 @@ class WatchProcess:
                         threading.Thread(target=self._read, args=(self.proc.stderr, self.log), daemon=True)]
         for reader in self.readers:
             reader.start()
-        # ready: a line of its log (a group member's: "waiting for files")
-        wait_until(lambda: any(ready in line for line in self.log) or self.proc.poll() is not None,
-                   timeout=EVENT_DELAY, what="watch to be ready")
-        assert self.proc.poll() is None, self.log
+        # ready: a line of its log (docs/SEMANTICS.md: "delvefs watch: ready: ..."); None: the
+        # caller waits
+        if ready is not None:
+            wait_until(lambda: any(ready in line for line in self.log) or self.proc.poll() is not None,
+                       timeout=EVENT_DELAY, what="watch to be ready")
+            assert self.proc.poll() is None, self.log
 
     @staticmethod
     def _read(stream, into):
@@ -132,3 +137,49 @@ def test_watch_refuses_a_directory_that_is_no_view(tmp_path, mounts):
                        timeout=30)
     assert r.returncode == 1
     assert "is not a view directory of a DelveFS mount" in r.stderr
+
+
+def test_the_ready_line_and_file_say_when_every_new_file_is_seen(mounts, s3, bucket, tmp_path):
+    mnt = mounts.mount(views(bucket))
+    watch_ready, member_ready = tmp_path / "watch.ready", tmp_path / "member.ready"
+    watch_ready.write_text("left by an earlier run\n")  # removed at start: not ready yet
+    watch = WatchProcess(mnt / "fastq", mounts.env, "--ready-file", str(watch_ready), ready=None)
+    member = WatchProcess(mnt / "fastq", mounts.env, "--group", "g", "--ready-file", str(member_ready),
+                          ready=None)
+    try:
+        for proc, path in ((watch, watch_ready), (member, member_ready)):
+            wait_until(lambda: path.exists() and path.read_text() == f"{proc.proc.pid}\n", EVENT_DELAY,
+                       f"{path.name} written")
+        # the line was written before the file (read here on another thread)
+        wait_until(lambda: any(line.startswith(f"delvefs watch: ready: watching {mnt / 'fastq'}: ")
+                               for line in watch.log), EVENT_DELAY, "the watch's ready line")
+        wait_until(lambda: any(line.startswith("delvefs watch: ready: member ")
+                               and line.endswith(": waiting for files") for line in member.log),
+                   EVENT_DELAY, "the member's ready line")
+        put(s3, bucket, "runs/right-after.fastq")  # seen by both: put once they are ready
+        assert watch.wait_lines(1, "the file put once ready") == [str(mnt / "fastq/right-after.fastq")]
+        assert member.wait_lines(1, "the file put once ready") == [str(mnt / "fastq/right-after.fastq")]
+    finally:
+        watch.stop()
+        member.stop()
+    assert not watch_ready.exists() and not member_ready.exists()  # no longer watching
+
+
+def test_watch_ends_quietly_when_its_reader_goes_away(mounts, s3, bucket, tmp_path):
+    put(s3, bucket, "runs/first.fastq")
+    mnt = mounts.mount(views(bucket))
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([DELVEFS, "watch", str(mnt / "fastq"), "--existing", "--ready-file", str(ready)],
+                            env=mounts.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == f"{mnt / 'fastq/first.fastq'}\n"
+        wait_until(ready.exists, EVENT_DELAY, "watch ready")
+        proc.stdout.close()  # `delvefs watch | head -n 1`: the reader is gone
+        put(s3, bucket, "runs/second.fastq")
+        assert proc.wait(EVENT_DELAY + 10) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert not ready.exists()

@@ -54,9 +54,15 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--without", default="", metavar="OP[,OP...]",
                     help="operations the workers leave out (e.g. a bug already known that would "
                          "drown the others): " + ", ".join(workload.OPERATIONS))
+    ap.add_argument("--weights", default="", metavar="OP=N[,OP=N...]",
+                    help="other weights of operations than the workload's (e.g. rename=30,create=20 "
+                         "for many names renamed away and created again)")
     ap.add_argument("--shared-share", type=float, default=0.1,
                     help="share of each worker's operations on names all workers share (default 0.1)")
     ap.add_argument("--no-outside", action="store_true", help="no outside S3 writer")
+    ap.add_argument("--queue-dir", action="store_true",
+                    help="MinIO sends its events from a queue dir: the handler's news comes seconds "
+                         "after the mount's own changes (and its older states after newer local ones)")
     ap.add_argument("--handler-restart-at", type=float, default=0.5,
                     help="when to stop the handler, as a share of --seconds (negative: never)")
     ap.add_argument("--handler-down", type=float, default=4.0, help="seconds the handler stays stopped")
@@ -71,7 +77,22 @@ def parse(argv=None) -> argparse.Namespace:
     unknown = [op for op in args.without.split(",") if op and op not in workload.OPERATIONS]
     if unknown:
         ap.error(f"--without: no operation {', '.join(unknown)}")
+    try:
+        args.weights = weights(args.weights)
+    except ValueError as exc:
+        ap.error(f"--weights: {exc}")
     return args
+
+
+def weights(text: str) -> dict[str, int]:
+    """``OP=N,...`` -> {op: N}, each a workload operation."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        op, _, n = item.partition("=")
+        if op not in workload.OPERATIONS or not n.isdigit():
+            raise ValueError(f"{item!r}: want OP=N, OP one of {', '.join(workload.OPERATIONS)}")
+        out[op] = int(n)
+    return out
 
 
 class Run:
@@ -96,6 +117,14 @@ class Run:
             words.append(f"--ops {a.ops}")
         if a.without:
             words.append(f"--without {a.without}")
+        if a.weights:
+            words.append("--weights " + ",".join(f"{op}={n}" for op, n in a.weights.items()))
+        if a.queue_dir:
+            words.append("--queue-dir")
+        if a.no_outside:
+            words.append("--no-outside")
+        if a.handler_restart_at != 0.5:
+            words.append(f"--handler-restart-at {a.handler_restart_at:g}")
         return " ".join(words)
 
     def timed(self, what: str, start: float) -> None:
@@ -112,7 +141,7 @@ class Run:
             f"{self.args.seconds:g} s; work dir {self.work}")
         log(f"replay: {self.report['replay']}")
         start = time.monotonic()
-        with stack(self.work) as mounts:
+        with stack(self.work, self.args.queue_dir) as mounts:
             self.mounts, self.handler, self.s3, self.bucket = mounts, mounts.handler, mounts.s3, mounts.bucket
             self.mp = self.mounts.mount(views(self.bucket, self.args.ttl),
                                         *(["--eager"] if self.eager else []))
@@ -146,7 +175,7 @@ class Run:
             config = {"index": i, "seed": self.seed, "mount_dir": str(data / f"w{i}"),
                       "ref_dir": str(self.reference / f"w{i}"), "shared_dir": str(data / SHARED),
                       "shared_share": a.shared_share, "deadline": deadline, "max_ops": a.ops,
-                      "without": [op for op in a.without.split(",") if op],
+                      "without": [op for op in a.without.split(",") if op], "weights": a.weights,
                       "log_path": str(self.work / f"worker{i}.log"),
                       "result_path": str(self.work / f"worker{i}.json")}
             p = spawn.Process(target=workload.main, args=(config,), name=f"worker{i}")

@@ -24,9 +24,10 @@ def views(bucket: str, ttl: float) -> str:
 
 
 @contextlib.contextmanager
-def stack(work: Path):
-    """``Mounts`` with ``.s3``, ``.bucket``, ``.handler`` (``.stop()``, ``.start()``)."""
-    with LocalServices(work / "services") as svc:
+def stack(work: Path, queue_dir: bool = False):
+    """``Mounts`` with ``.s3``, ``.bucket``, ``.handler`` (``.stop()``, ``.start()``);
+    ``queue_dir``: MinIO sends its events from a queue dir (seconds late, docs/SEMANTICS.md)."""
+    with LocalServices(work / "services", queue_dir=queue_dir) as svc:
         mounts = private_stack(lambda: svc, work)
         try:
             yield mounts

@@ -40,11 +40,13 @@ OPERATIONS = {
     "create": 10, "open": 7, "pwrite": 12, "pwrite_path": 7, "append": 4, "pread": 8,
     "read": 9, "truncate": 4, "ftruncate": 4, "fsync": 4, "close": 7, "reopen": 4,
     "rename": 6, "unlink": 5, "unlink_while_open": 3, "stat": 4, "fstat": 3, "listdir": 3,
+    "save": 0,  # (off unless --weights gives it one: the seeds' sequences stay as they were)
 }
 # operations that change nothing: a path they disagree on keeps its expected content
 READ_ONLY = {"read", "pread", "fstat", "stat", "listdir"}
 HANDLE_OPERATIONS = {"pwrite", "pread", "ftruncate", "fsync", "close", "reopen", "fstat"}
 PATH_OPERATIONS = {"pwrite_path", "append", "read", "truncate", "rename", "unlink", "stat"}
+SAVE_MAX = 200_000  # bytes of a save: many small ones
 
 
 def errname(exc: OSError) -> str:
@@ -104,6 +106,16 @@ def open_write_close(path: str, flags: int, data: bytes, offset: int | None) -> 
         raise failure
 
 
+def write_fsync_close(path: str, data: bytes) -> None:
+    """A new file: create (truncating), write, fsync (in eager mode: uploaded now), close."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def read_file(path: str) -> tuple[int, str]:
     with open(path, "rb") as f:
         return summary(f.read())
@@ -134,7 +146,8 @@ class Worker:
         self.deadline = config["deadline"]
         self.max_ops = config.get("max_ops") or float("inf")
         left_out = set(config.get("without") or ())
-        self.operations = {op: w for op, w in OPERATIONS.items() if op not in left_out}
+        weights = {**OPERATIONS, **(config.get("weights") or {})}
+        self.operations = {op: w for op, w in weights.items() if op not in left_out and w > 0}
         self.log = open(config["log_path"], "w", buffering=1)
         self.handles: list[Handle] = []
         self.tainted: set[str] = set()
@@ -405,6 +418,32 @@ class Worker:
                 if h.path == dst:
                     h.path = None
                 elif h.path == src:
+                    h.path = dst
+
+    def do_save(self, files) -> None:
+        """An editor's save (dbench's LWPSAV0.TMP): the content written to a temporary name
+        and fsync'd (uploaded, in eager mode too), then renamed onto the file's name; the
+        temporary name is gone until the next save creates it again. Other operations look
+        at both names afterwards (a name removed here must not come back)."""
+        tmp, dst = self.any_name(), self.any_name()
+        if tmp is None or dst is None or tmp == dst:
+            return
+        data = self.payload(SAVE_MAX)
+        self.begin({"op": "save", "path": tmp, "to": dst, "data": summary(data),
+                    "replaces": os.path.exists(os.path.join(self.ref_dir, dst))})
+
+        def sequence(root: str) -> list:
+            t, d = os.path.join(root, tmp), os.path.join(root, dst)
+            steps = [("write", attempt(write_fsync_close, t, data))]
+            steps.append(("rename", attempt(os.rename, t, d)))
+            steps.append(("exists", os.path.exists(t)))
+            return steps
+        m, r = sequence(self.mount_dir), sequence(self.ref_dir)
+        if self.compare({}, m, r, [tmp, dst]) and r[1][1] is None:
+            for h in self.handles:
+                if h.path == dst:
+                    h.path = None
+                elif h.path == tmp:
                     h.path = dst
 
     def do_unlink(self, files) -> None:

@@ -104,7 +104,7 @@ def test_failed_tag_fetch_is_retried_by_reconcile(engine):
     engine.fake.tag_failures = 1
     body, _ = make_message("s3:ObjectCreated:Put", "b", "k", seq, size=3, etag="e1")
     engine.apply_events(parse_message(body))
-    wait_until(lambda: ("b", "k") in engine._tag_failed, 10, "the tag fetch failed")
+    wait_until(lambda: ("b", "k") in engine.tags._failed, 10, "the tag fetch failed")
     assert keys(engine, info) == []                         # still pending
     assert list(engine.store.pending_tags()) == [("b", "k", seq)]
     counts = engine.reconcile("b")["b"]
@@ -124,13 +124,13 @@ def test_reconcile_does_not_refetch_tags_under_way(engine):
     (out,) = engine.register([("raw", spec("b", properties={"stage": ["raw"]}))])
     ready(engine, out["id"])
     # a pending record whose fetch is (as far as the engine knows) still under way
-    engine._tag_ticket[("b", "x")] = 1
+    engine.tags._tickets[("b", "x")] = 1
     wb = engine.store.batch()
     wb.put(records.k_obj("b", "x"),
            records.pack_object(records.new_object(5, 1, 1.0, "e", None, None, records.TAGS_PENDING)))
     wb.put(records.k_tagwait("b", "x"), records.pack_tagwait(5))
     wb.write()
-    assert engine._retry_failed_tags("b") == 0
+    assert engine.tags.retry_failed("b") == 0
 
 
 def put_event(key, seq, size=1, etag="e"):
@@ -353,7 +353,7 @@ def test_a_failed_write_in_a_background_job_stops_the_handler(tmp_path):
         real_batch = store.batch
         store.batch = lambda: FailingBatch(real_batch())
         with pytest.raises(st.StorageError):
-            eng._guard(eng.reconcile, "b")  # as the job pool runs it
+            eng.background.guard(eng.reconcile, "b")  # as the job pool runs it
         assert reasons and set(reasons) == {"LevelDB: IO error: No space left on device"}
     finally:
         eng.close()
@@ -361,7 +361,7 @@ def test_a_failed_write_in_a_background_job_stops_the_handler(tmp_path):
 
 
 def test_a_failed_first_scan_is_retried_until_the_bucket_is_ready(engine):
-    engine.scan_retry = 0.01
+    engine.scanner.scan_retry = 0.01
     engine.fake.objects["k"] = {"Size": 1, "ETag": "e", "LastModified": datetime.now(timezone.utc), "tags": {}}
     engine.fake.list_failures = 3
     (out,) = engine.register([("all", spec("b"))])
@@ -483,8 +483,8 @@ def test_views_listing_property_values_carry_them_and_log_their_changes(engine):
     assert_index_matches_records(engine)
     # the layout view forgotten: its members' entries lose the props
     with engine.lock:
-        engine._forget(by, None, "test")
-    wait_until(lambda: not engine._clearing, 10, "slot cleared")
+        engine.views.forget(by, None, "test")
+    wait_until(lambda: not engine.catalog.clearing, 10, "slot cleared")
     assert_index_matches_records(engine)
 
 
@@ -638,19 +638,19 @@ def test_a_forgotten_views_slot_is_reused_only_after_its_members_were_cleared(en
     assert len(keys(engine, old_info)) == 2499
     slot = old_info.slot
     gate = threading.Event()
-    real_clear = engine._clear_slot
+    real_clear = engine.scanner.clear_slot
 
     def gated_clear(*args):
         assert gate.wait(10)
         return real_clear(*args)
-    engine._clear_slot = gated_clear
+    engine.scanner.clear_slot = gated_clear
     with engine.lock:
-        engine._forget(old_info, None, "test")
+        engine.views.forget(old_info, None, "test")
     # while the slot is being cleared, a new view gets another slot
     (new,) = engine.register([("new", spec("b", object="b/*"))])
     assert engine.views_by_id[new["id"]].slot != slot
     gate.set()
-    wait_until(lambda: slot in engine._free_slots, 10, "the slot cleared")
+    wait_until(lambda: slot in engine.catalog.free_slots, 10, "the slot cleared")
     ready(engine, new["id"])  # its rematch done too
     for key, rec in engine.store.iter_objects("b"):
         assert not records.bits_has(rec[records.OBJ_SLOTS], slot), key
@@ -676,17 +676,17 @@ def test_a_restart_during_the_clearing_resumes_it(tmp_path):
     (out,) = eng.register([("all", spec("b"))])
     info = ready(eng, out["id"])
     eng.apply_events(create("k", int(OLD.timestamp() * 1e9)))
-    eng._clear_slot = lambda *args: 0   # the process dies before clearing anything
+    eng.scanner.clear_slot = lambda *args: 0   # the process dies before clearing anything
     with eng.lock:
-        eng._forget(info, None, "test")
+        eng.views.forget(info, None, "test")
     eng.close()
     store.close()
     store = st.Store(str(tmp_path / "db"))
     eng = Engine(store, Metrics(), s3=fake, s3_workers=1, job_workers=1)
     try:
-        assert eng._clearing == {0: "b"} and not eng._free_slots and eng.views_by_id == {}
+        assert eng.catalog.clearing == {0: "b"} and not eng.catalog.free_slots and eng.views_by_id == {}
         eng.start()
-        wait_until(lambda: eng._free_slots == {0}, 10, "the clearing resumed and finished")
+        wait_until(lambda: eng.catalog.free_slots == {0}, 10, "the clearing resumed and finished")
         assert store.get_object("b", "k")[records.OBJ_SLOTS] == b""
         assert store.get_object("b", "k")[records.OBJ_EVER] == b""
         assert [e["op"] for e in eng.view_log()] == ["registered", "forgotten"]
@@ -696,7 +696,7 @@ def test_a_restart_during_the_clearing_resumes_it(tmp_path):
 
 
 def test_views_no_mount_used_for_the_ttl_are_forgotten(engine):
-    engine.view_ttl = 100.0
+    engine.views.view_ttl = 100.0
     used, unused = engine.register([("used", spec("b", object="u/*")), ("unused", spec("b", object="n/*"))],
                                    principal="alice")
     t0 = time.time()

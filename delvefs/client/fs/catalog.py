@@ -32,7 +32,10 @@ class Pending:
     with ``etag`` (retired when a change with that ETag arrives); ``delete``: gone
     (retired when the handler reports the key gone). ``earlier``: the ETags of this
     mount's earlier uploads of the key whose changes have not arrived yet, oldest first —
-    the change of an earlier upload of the same content must not retire a later one.
+    the change of an earlier upload of the same content must not retire a later one, and
+    (a ``delete``, ``leaving`` or ``local`` entry) the handler's news of a removal while
+    one of them is still to come is of an older removal than this mount's: deletes carry
+    no time, and the handler reports a key's states in order.
     ``since``: the wall-clock time the change was made (a put: its request started); the
     handler keeps only the newest change of a key, so a version of another writer whose
     time is later is newer than this mount's change and retires it at once. ``before``
@@ -57,7 +60,15 @@ class Pending:
         """The ETags of this mount's uploads still to be confirmed, oldest first."""
         if self.kind == "put":
             return (*self.earlier, self.etag)
-        return self.earlier if self.kind == "local" else ()
+        return self.earlier
+
+    def reported(self, etag: str) -> bool:
+        """The handler reported a version ``etag``: when it is one of ``earlier``, that one
+        and those before it are confirmed (True)."""
+        if etag not in self.earlier:
+            return False
+        self.earlier = self.earlier[self.earlier.index(etag) + 1:]
+        return True
 
 
 def local_pending(previous: Pending | None) -> Pending:
@@ -164,16 +175,18 @@ class ViewCatalog:
             self._matcher = compile_views([vs.view for vs in self.views])
         return self._matcher
 
-    def can_match(self, vs: ViewState, key: str, size: int, tags: dict) -> bool:
-        """Whether an object ``key`` of ``size`` with ``tags`` would be in view ``vs`` (and
-        shown as a file there): the scratch rule asks this before every upload."""
+    def can_match(self, vs: ViewState, key: str, size: int, tags: dict,
+                  metadata: dict | None = None) -> bool:
+        """Whether an object ``key`` of ``size`` with ``tags`` (and user ``metadata``) would
+        be in view ``vs`` (and shown as a file there): the scratch rule asks this before
+        every upload, rmdir of each object S3 has below the directory."""
         rel = relative_path(vs, key)
         if rel is None or rel.endswith("/"):
             return False
         if vs.retired:  # dropped by a reload: what was written in it is uploaded all the same
             return True
         from rulesets.model import ObjectInfo
-        obj = ObjectInfo(vs.bucket, key, int(size), time.time(), None, dict(tags), {})
+        obj = ObjectInfo(vs.bucket, key, int(size), time.time(), None, dict(tags), dict(metadata or {}))
         return vs.index in self._compiled().match(obj)
 
     def needs_tags(self, bucket: str) -> bool:

@@ -24,6 +24,7 @@ construction (each names what it uses; arrows point at what a part calls):
 ``namespace``   unlink, mkdir, rmdir, rename            → uploads, deletes, publisher, listings
 ``xattrs``      extended attributes                           → properties, uploads, listings
 ``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs       → listings
+``confirmations``  waits until the handler has what this mount wrote (``delvefs sync``)
 ``handles``     open file and directory handles; ``dirty`` the dirty files and their
                 journal (:class:`DirtyFiles`); ``table`` the inode table
 
@@ -54,6 +55,7 @@ from ..datacache import DataCache
 from ..errors import FsError, read_only, refused
 from .attributes import Attributes
 from .catalog import ViewCatalog
+from .confirm import Confirmations
 from .deletes import DeleteQueue
 from .dirty import DirtyFiles
 from .handles import Handles
@@ -109,8 +111,8 @@ class FileSystem:
         self.namespace = Namespace(self.table, self.catalog, self.tree, self.listings,
                                    self.uploads, self.deletes, self.properties, self.publisher,
                                    self.reads, self.dirty, cache, store, settings)
-        self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache,
-                             getattr(handler, "base_url", None))
+        self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache, handler)
+        self.confirmations = Confirmations(handler, store.written)
         self.attributes = Attributes(self.table, self.handles, self.tree, self.listings,
                                      self.properties, settings)
 
@@ -247,6 +249,11 @@ class FileSystem:
 
     async def sync_all(self) -> list[str]:
         return await self.uploads.sync_all()
+
+    async def wait_for_handler(self, timeout: float) -> list[str]:
+        """After ``sync_all``: until the event handler has every write of this mount (a
+        mount started afterwards lists them), at most ``timeout`` s; what it lacks then."""
+        return await self.confirmations.wait(timeout)
 
     async def shutdown(self) -> tuple[list[str], list[str]]:
         failed, scratch = await self.uploads.shutdown()

@@ -9,6 +9,7 @@ if mkdir'ed, until rmdir.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -20,8 +21,8 @@ from delvefs.shared.publish import BATCH_FIELD
 from ..errors import FsError, StoreError, store_failure
 from .catalog import ViewCatalog, ViewState
 from .deletes import DeleteQueue
-from .inodes import (Dir, File, InodeTable, Node, check_key, check_name, key_for, valid_segment,
-                     writable_dir)
+from .inodes import (Dir, File, InodeTable, Node, check_key, check_name, key_for, unshowable,
+                     valid_segment, writable_dir)
 from .properties import Properties
 from .publish import Publisher
 from .reads import Reads
@@ -29,6 +30,9 @@ from .tree import Tree
 from .uploads import Uploads
 from .views import Views
 
+# an rmdir's check of S3 below its directory is trusted by the rmdir of a parent this long
+# (``rm -r`` removes bottom-up: each level is listed once); the newest ones are kept
+CHECKED_FOR, CHECKED_KEPT = 60.0, 10_000
 log = logging.getLogger(__name__)
 
 
@@ -51,6 +55,8 @@ class Namespace:
         self.cache = cache
         self.store = store
         self.eager = settings.eager
+        # (bucket, prefix) -> when an rmdir found nothing showable below it in S3
+        self._checked: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
 
     async def unlink(self, parent_ino: int, name: str) -> None:
         parent, vs = writable_dir(self.table, parent_ino)
@@ -130,6 +136,12 @@ class Namespace:
             raise FsError(errno.ENOTDIR)
         if d.children:
             raise FsError(errno.ENOTEMPTY)
+        if vs.by is None:
+            await self._nothing_more_in_s3(vs, d)
+            if d.gone:
+                return
+            if d.children:
+                raise FsError(errno.ENOTEMPTY)
         if not self.tree.is_local_dir(d) and vs.by is None:  # an empty virtual directory: a folder marker
             if self.eager:
                 self.deletes.queue(vs.bucket, d.prefix)
@@ -142,6 +154,66 @@ class Namespace:
         if d.gone or d.children:
             return
         self.tree.remove_dir(d)
+
+    async def _nothing_more_in_s3(self, vs: ViewState, d: Dir) -> None:
+        """Before an rmdir succeeds: S3 holds no object below ``d`` that the view would show
+        after a refresh (the listing may be stale: another mount's files not listed yet).
+        ListObjectsV2 of its prefix one level at a time (delimiter ``/``); a subdirectory
+        this mount's rmdir checked a moment ago (``rm -r`` goes bottom-up) is not listed
+        again, other ones are; the keys this mount removed (DELETE queued, or not confirmed
+        yet) do not count. Finding one refreshes the view and fails with ENOTEMPTY: ``rm -r``
+        never reports success while S3 keeps what a refresh would show."""
+        found = await self._showable_below(vs, d, d.prefix)
+        if found is not None:
+            log.info("rmdir %s: S3 still holds %s/%s, not listed here yet: refreshing the view",
+                     d.prefix, vs.bucket, found)
+            await self.views.refresh_now(vs)
+            raise FsError(errno.ENOTEMPTY, f"S3 still holds {found} (listed now)")
+        self._checked[(vs.bucket, d.prefix)] = trio.current_time()
+        while len(self._checked) > CHECKED_KEPT:
+            self._checked.popitem(last=False)
+
+    async def _showable_below(self, vs: ViewState, d: Dir, prefix: str) -> str | None:
+        """The key of an object below ``prefix`` that the view would show, or None."""
+        continuation = None
+        while True:
+            try:
+                page = await self.store.list_level(vs.bucket, prefix, continuation)
+            except StoreError as exc:
+                raise store_failure(exc, "listing (rmdir)", vs.bucket, prefix) from exc
+            for obj in page["objects"]:
+                if await self._would_show(vs, d, obj):
+                    return obj["key"]
+            now = trio.current_time()
+            for sub in page["prefixes"]:
+                checked = self._checked.get((vs.bucket, sub))
+                if checked is not None and now - checked < CHECKED_FOR:
+                    continue
+                found = await self._showable_below(vs, d, sub)
+                if found is not None:
+                    return found
+            continuation = page["next"]
+            if continuation is None:
+                return None
+
+    async def _would_show(self, vs: ViewState, d: Dir, obj: dict) -> bool:
+        key = obj["key"]
+        if key == d.prefix or (vs.bucket, key) in self.deletes.queued \
+                or unshowable(key[len(vs.root):], vs.flat) is not None:
+            return False
+        p = vs.overlay.get(key)
+        if p is not None and p.kind in ("delete", "leaving"):
+            return False
+        tags = metadata = {}
+        if vs.view.reads_tags or vs.view.reads_metadata:
+            try:
+                tags = await self.store.tags(vs.bucket, key) if vs.view.reads_tags else {}
+                metadata = (await self.store.head(vs.bucket, key))["metadata"] if vs.view.reads_metadata else {}
+            except StoreError as exc:
+                if exc.errno == errno.ENOENT:
+                    return False  # gone meanwhile
+                raise store_failure(exc, "reading tags (rmdir)", vs.bucket, key) from exc
+        return self.catalog.can_match(vs, key, obj["size"], tags, metadata)
 
     async def rename(self, old_parent_ino: int, old_name: str, new_parent_ino: int,
                      new_name: str, flags: int = 0) -> None:
@@ -364,6 +436,8 @@ class Namespace:
                 self.tree.leaving(dst_vs, dk):
             await self._relocate(node, dst_vs, dk, target, result)
             if node.gone or node.key != sk:
+                if result.get("dirty") is None:  # (no local content at dk to win over S3)
+                    self.tree.drop_local_pending(dst_vs.bucket, dk)
                 return  # changed meanwhile: the next refresh shows what is there
             self.tree.move(node, dst, name)
             self._moved_away(src_vs, sk, result)

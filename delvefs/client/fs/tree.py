@@ -15,7 +15,10 @@ Read your writes: after each local change the core applies it to every view of t
 bucket at once (``local_put`` / ``local_delete``) and records it in the view's
 ``overlay`` (key -> :class:`Pending`). Changes from the handler (listing pages, deltas)
 for an overlay key are ignored until they confirm it — a put with the uploaded ETag, a
-delete — or until ``overlay_bound`` passes; a dirty file (``local``) always wins.
+delete reported after every upload of the key this mount made before its removal (the
+handler reports a key's states in order, a removal without a time: an older removal's news
+must not retire a newer one, or the upload between them would show the name again) — or
+until ``overlay_bound`` passes; a dirty file (``local``) always wins.
 
 Where files go in a view laid out by property values: ``delvefs.client.fs.layout``.
 """
@@ -134,11 +137,15 @@ class Tree(PropertyLayout):
     def _stale(self, vs: ViewState, key: str, obj: dict | None) -> bool:
         """True when the handler's change (``obj`` for a put, None for a delete) of ``key``
         must not undo a local change in the overlay; retires the overlay entry when the
-        change confirms it (same ETag / gone) or when it is older than the bound."""
+        change confirms it (same ETag / gone: once the news of this mount's uploads before
+        the removal has come) or when it is older than the bound."""
         p = vs.overlay.get(key)
         if p is None:
             return False
+        etag = None if obj is None else str(obj.get("etag", ""))
         if p.kind in ("local", "leaving"):
+            if etag is not None:
+                p.reported(etag)  # (an earlier upload's: the local content still wins)
             return True
         if p.deadline <= trio.current_time():
             del vs.overlay[key]
@@ -146,15 +153,21 @@ class Tree(PropertyLayout):
         if p.kind == "put":
             if obj is None:
                 return True
-            etag = str(obj.get("etag", ""))
-            if etag in p.earlier:  # an earlier upload's (the ones before it are not coming)
-                p.earlier = p.earlier[p.earlier.index(etag) + 1:]
+            if etag == p.etag and etag in p.earlier:
+                # the same bytes were uploaded before too: the time tells which upload it is
+                if not self._newer(obj, p):
+                    p.reported(etag)
+                    return True
+            elif p.reported(etag):  # an earlier upload's (the ones before it are not coming)
                 return True
             if etag != p.etag and not self._newer(obj, p):
                 return True  # a version from before this mount's change: not news
             if p.retag and etag == p.etag and self._placed_elsewhere(vs, obj):
                 return True  # that version with its tags before this mount's retag
-        elif obj is not None and not self._newer(obj, p):
+        elif obj is None:
+            if p.earlier:
+                return True  # an older removal: the news of an upload before this one is to come
+        elif p.reported(etag) or not self._newer(obj, p):
             return True  # the object this mount deleted (or one before it)
         del vs.overlay[key]  # confirmed, or replaced by another writer since
         return False
@@ -174,7 +187,10 @@ class Tree(PropertyLayout):
         if before is not None and before.kind == "local":  # stale-proof already
             yield
             return
-        mark = vs.overlay[key] = Pending("leaving", None, math.inf)
+        # the uploads of the key still to be reported stay known: the outcome (a delete)
+        # must not take an older removal's news for its own
+        earlier = before.unconfirmed() if before is not None and before.deadline > trio.current_time() else ()
+        mark = vs.overlay[key] = Pending("leaving", None, math.inf, earlier)
         try:
             yield
         finally:
@@ -486,9 +502,11 @@ class Tree(PropertyLayout):
                 if p.earlier[-1:] != (obj["etag"],):
                     p.earlier = (*p.earlier, obj["etag"])[-EARLIER_KEPT:]
                 continue
+            earlier = p.unconfirmed() if p is not None and p.deadline > now else ()
             if self.catalog.can_match(vs, key, obj["size"], tags):
-                earlier = p.unconfirmed() if p is not None and p.deadline > now else ()
-                if earlier[-1:] == (obj["etag"],):  # the same version again (a retag): one change
+                # the same version again (a retag): one change. (An upload of the same bytes
+                # is a change of its own: the handler reports both.)
+                if retag and earlier[-1:] == (obj["etag"],):
                     earlier = earlier[:-1]
                 vs.overlay[key] = Pending("put", obj["etag"], deadline, earlier, since, retag=retag)
                 if vs.by is not None:  # placed by the tags it has now (metadata: as listed)
@@ -500,13 +518,14 @@ class Tree(PropertyLayout):
                 vs.overlay.pop(key, None)
                 self.delete(vs, key, remote=False)
                 if present or p is not None:
-                    vs.overlay[key] = Pending("delete", None, deadline, since=since)
+                    vs.overlay[key] = Pending("delete", None, deadline, earlier, since=since)
 
     def local_delete(self, bucket: str, key: str, also: ViewState | None = None,
                      quiet: bool = False) -> None:
         """This mount deleted (or moved away) ``key``: gone from every view at once
         (``quiet``: the kernel removed the entry of ``also`` itself)."""
-        deadline = trio.current_time() + self.overlay_bound
+        now = trio.current_time()
+        deadline = now + self.overlay_bound
         since = time.time()
         for vs in self.catalog.of_bucket(bucket):
             p = vs.overlay.pop(key, None)
@@ -514,18 +533,22 @@ class Tree(PropertyLayout):
             if node is not None and not node.is_dir:
                 self.delete(vs, key, remote=False, notify=not (quiet and vs is also))
             if node is not None or p is not None or vs is also:
-                vs.overlay[key] = Pending("delete", None, deadline, since=since)
+                # this mount's uploads of the key not reported yet: the news of a removal
+                # before them is not this one's (``_stale``)
+                earlier = p.unconfirmed() if p is not None and p.deadline > now else ()
+                vs.overlay[key] = Pending("delete", None, deadline, earlier, since=since)
 
     def drop_local(self, bucket: str, key: str, also: ViewState | None, *,
                    skip: ViewState | None = None) -> None:
         """A file S3 never had is gone: its local nodes go, and nothing else — an object of
         that key (another writer's) stays shown wherever it is (``also``: the kernel
-        removed that view's entry itself; ``skip``: that view's node stays, a rename's
-        destination)."""
+        removed that view's entry itself; ``skip``: that view's node and overlay entry stay,
+        a rename's destination: its outcome takes the entry's place at once, and with it
+        the uploads of the key whose news is still to come)."""
         now = trio.current_time()
         for vs in self.catalog.of_bucket(bucket):
             p = vs.overlay.get(key)
-            if p is not None and p.kind == "local":
+            if p is not None and p.kind == "local" and vs is not skip:
                 if p.before is not None and p.before.deadline > now:
                     vs.overlay[key] = p.before  # this mount's delete of the key before it holds
                 else:

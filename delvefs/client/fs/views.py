@@ -284,7 +284,10 @@ class Views:
         listed before (the handler lost its state) stays stale until the scan is done."""
         while True:
             try:
-                return await self.handler.list_page(vs.id, after, self.page_size, hold=not vs.listed)
+                # the first page after what the handler's broker held: a mount started after
+                # a PUT returned lists its object (docs/SEMANTICS.md, read-your-writes)
+                return await self.handler.list_page(vs.id, after, self.page_size, hold=not vs.listed,
+                                                    fresh=after is None)
             except HandlerUnavailable as exc:
                 now = trio.current_time()
                 if exc.code != "scanning" or vs.listed or now >= scan_until:
@@ -359,6 +362,12 @@ class Views:
             return
         vs.fresh_at = started
 
+    async def refresh_now(self, vs: ViewState) -> FsError | None:
+        """A refresh of ``vs`` now, whatever its ttl (or the one under way); its error."""
+        r = vs.refreshing or self.start_refresh(vs)
+        await r.done.wait()
+        return r.error
+
     async def sync(self, vs: ViewState, value: bytes) -> None:
         """``setxattr(VIEWDIR, "user.delvefs.sync", b"<version>")``: returns once this
         mount's listing of the view includes the handler's changes up to ``version``
@@ -369,10 +378,9 @@ class Views:
         views again (``delvefs watch`` asks so)."""
         text = value.decode(errors="replace").strip()
         if text == "now":
-            r = vs.refreshing or self.start_refresh(vs)
-            await r.done.wait()
-            if r.error is not None:
-                raise FsError(r.error.errno, str(r.error), logged=True)
+            error = await self.refresh_now(vs)
+            if error is not None:
+                raise FsError(error.errno, str(error), logged=True)
             return
         try:
             version = int(text)

@@ -222,6 +222,29 @@ class Writes:
             self.uploads.stream(entry, off, off + n)
         return n
 
+    def written_by_kernel(self, h: FileHandle, size: int, mtime_ns: int) -> None:
+        """FUSE passthrough (delvefs.client.passthrough): the kernel wrote the handle's
+        file itself — it is ``size`` bytes now, changed at ``mtime_ns``. The entry counts it
+        as written (re-dirtied if an upload cleaned it meanwhile; its gen bumped, so that an
+        upload under way leaves it dirty), and the node shows that size and mtime. Only for
+        files without a ranges log (nothing to record but that everything changed)."""
+        entry, node = h.entry, h.node
+        if self._orphaned(h):
+            self._orphan_size(h, size)
+            return
+        try:
+            if not entry.dirty:
+                vs = node.parent.view
+                self.dirty.redirty(entry, vs.name)
+                self.tree.dirtied(vs, node, entry)
+            self.dirty.journal(entry)
+            self.dirty.written(entry, 0, size)
+        except StoreError as exc:
+            raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
+        node.size = entry.size
+        self.tree.sizes(entry)
+        node.mtime_ns = mtime_ns
+
     async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) through a descriptor open for writing: mode 0 extends the file with
         zeros to ``offset + length`` (S3 has no preallocation: nothing else to do);

@@ -30,13 +30,13 @@ class Xattrs:
     VIEW_ATTRIBUTES = ["user.delvefs.view", "user.delvefs.stale"]
 
     def __init__(self, table: InodeTable, views: Views, properties: Properties,
-                 uploads: Uploads, cache, handler_url: str | None):
+                 uploads: Uploads, cache, handler):
         self.table = table
         self.views = views
         self.properties = properties
         self.uploads = uploads
         self.cache = cache
-        self.handler_url = handler_url
+        self.handler = handler  # the handler client: which shard and URL serve a view
 
     def _upload_text(self, node: File) -> str | None:
         """``user.delvefs.upload`` of a file: None when S3 has it as shown (clean)."""
@@ -47,11 +47,16 @@ class Xattrs:
         return f"{state}: {reason}" if reason else state
 
     def view_info(self, vs: ViewState) -> dict:
-        """What ``user.delvefs.view`` on a view's directory answers (delvefs watch): its
-        ``layout`` is "tree", "flat" or "by" (then ``layout_by``: the property names, one
-        directory level each, in order)."""
-        info = {"id": vs.id, "name": vs.name,
-                "handler": self.handler_url, "bucket": vs.bucket,
+        """What ``user.delvefs.view`` on a view's directory answers (delvefs watch):
+        ``handler`` the URL of the handler serving the view (its bucket's shard's, the one
+        that answered last), ``shard`` that shard's name (None without a map), ``handlers``
+        the mount's whole handler setting (its URLs, or the shard map: what ``delvefs
+        watch`` follows moves and failovers with); its ``layout`` is "tree", "flat" or "by"
+        (then ``layout_by``: the property names, one directory level each, in order)."""
+        serving = getattr(self.handler, "serving", None)
+        shard, url = serving(vs.bucket) if serving is not None else (None, None)
+        info = {"id": vs.id, "name": vs.name, "handler": url, "shard": shard,
+                "handlers": getattr(self.handler, "base_url", None), "bucket": vs.bucket,
                 "root": vs.root, "layout": "by" if vs.by else "flat" if vs.flat else "tree",
                 "version": vs.version}
         if vs.by:
