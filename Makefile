@@ -1,5 +1,5 @@
 # The two commands of the README. Both bootstrap first (idempotent, see scripts/bootstrap.sh).
-.PHONY: demo test bootstrap unit services clean test-clean-bootstrap
+.PHONY: demo test bootstrap unit services services-tests slow-tests clean test-clean-bootstrap
 
 PY := .venv/bin/python
 
@@ -12,9 +12,26 @@ demo: bootstrap
 test: bootstrap
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
-# Faster loops for developers.
+# The tiers without services (tests/unit, tests/core): CI's first step, about 2 minutes.
 unit: bootstrap
-	$(PY) -m pytest -ra tests/unit tests/core
+	$(PY) -m pytest -ra tests/unit tests/core $(PYTEST_ARGS)
+
+# Everything `make unit` leaves out: real MinIO/RabbitMQ, handlers and FUSE mounts (CI's
+# second step). WORKERS pytest-xdist processes, each starting its own MinIO and RabbitMQ
+# (the session fixtures are per process); WORKERS=0 runs them in this process, one by one.
+# `PYTEST_ARGS='-m "not slow"'` leaves out the tests of tests/slow_tests.txt.
+WORKERS ?= 2
+SERVICES_TIERS := tests --ignore=tests/unit --ignore=tests/core
+services-tests: bootstrap
+	$(PY) -m pytest -ra $(SERVICES_TIERS) -n $(WORKERS) --dist worksteal $(PYTEST_ARGS)
+
+# Re-measure which tests are slow: the services tiers one by one with every duration into
+# build/durations.txt (15-25 minutes), then tests/slow_tests.txt from it (5 s or more).
+# DURATIONS=report.txt skips the run and uses that pytest --durations=0 output instead.
+slow-tests: bootstrap
+	@if [ -z "$(DURATIONS)" ]; then mkdir -p build; \
+	  $(PY) -m pytest -ra $(SERVICES_TIERS) -n 0 --durations=0 $(PYTEST_ARGS) | tee build/durations.txt; fi
+	$(PY) scripts/slow_tests.py $(or $(DURATIONS),build/durations.txt) --write
 
 services: bootstrap
 	$(PY) -m delvefs.devtools.localservices

@@ -3,8 +3,8 @@
 
 Input: the output of one or more pytest runs with ``--durations=0`` (``make slow-tests``
 makes one of the real-service tiers). A test's time is the sum of its setup, call and
-teardown lines; given several reports, its longest. Every test at or above ``--threshold``
-seconds is listed. tests/conftest.py marks the listed node ids ``slow`` at collection, so
+teardown lines; given several reports, its longest. Every test of the real-service tiers
+(not tests/unit, tests/core) at or above ``--threshold`` seconds is listed. tests/conftest.py marks the listed node ids ``slow`` at collection, so
 ``-m "not slow"`` leaves them out and ``-m slow`` runs only them.
 
     python scripts/slow_tests.py build/durations.txt                # print the list
@@ -20,6 +20,7 @@ from pathlib import Path
 
 LIST = Path(__file__).resolve().parent.parent / "tests" / "slow_tests.txt"
 # "12.34s call     tests/integration/test_x.py::test_y[param]"
+NOT_SERVICES = ("tests/unit/", "tests/core/")  # `make unit`: fast tiers, never marked
 LINE = re.compile(r"^\s*(\d+(?:\.\d+)?)s\s+(setup|call|teardown)\s+(\S.*?)\s*$")
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no duration lines in {', '.join(map(str, args.reports))}: run pytest with --durations=0",
               file=sys.stderr)
         return 1
-    slow = sorted(t for t, s in longest.items() if s >= args.threshold)
+    slow = sorted(t for t, s in longest.items() if s >= args.threshold and not t.startswith(NOT_SERVICES))
     text = (
         "# Tests marked `slow` by tests/conftest.py: setup + call + teardown of at least "
         f"{args.threshold:g} s\n"

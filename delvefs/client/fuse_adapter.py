@@ -228,6 +228,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def open(self, inode, flags, ctx):
+        if inode in self.passthrough.writing:
+            self.passthrough.sync(inode)  # (an O_TRUNC open truncates what the kernel wrote)
         fh, keep = await self.core.open(inode, flags)
         # (no await between the answer and the reply: the inode's io mode is counted there)
         backing, direct = self.passthrough.answer(fh, flags)
@@ -237,6 +239,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh, off, size):
+        if self.passthrough.writing:
+            self._sync(fh)  # (direct I/O beside a file the kernel writes)
         return await self.core.read(fh, off, size)
 
     @_guard
@@ -269,6 +273,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def create(self, parent_inode, name, mode, flags, ctx):
+        if self.passthrough.writing:
+            self.passthrough.sync_all()  # (the name may be a file the kernel writes)
         fh, node = await self.core.create(parent_inode, os.fsdecode(name), flags)
         backing, direct = self.passthrough.answer(fh, flags)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=direct, backing_id=backing), \
@@ -276,6 +282,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def write(self, fh, off, buf):
+        if self.passthrough.writing:
+            self._sync(fh)
         return await self.core.write(fh, off, buf)
 
     @_guard
@@ -299,6 +307,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def unlink(self, parent_inode, name, ctx):
+        if self.passthrough.writing:
+            self.passthrough.sync_all()
         await self.core.unlink(parent_inode, os.fsdecode(name))
 
     @_guard
@@ -311,6 +321,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if self.passthrough.writing:
+            self.passthrough.sync_all()
         await self.core.rename(parent_inode_old, os.fsdecode(name_old), parent_inode_new,
                                os.fsdecode(name_new), flags)
 
@@ -340,6 +352,8 @@ class Adapter(pyfuse3.Operations):
 
     @_guard
     async def setxattr(self, inode, name, value, ctx):
+        if inode in self.passthrough.writing:
+            self.passthrough.sync(inode)  # (tags and `user.delvefs.sync` may upload it)
         await self.core.setxattr(inode, os.fsdecode(name), value)
 
     @_guard

@@ -22,8 +22,9 @@ local file — a create, an ``O_TRUNC`` open, a file written here and not upload
 without a ranges log. Its journal record is written at the open (the mount will not see
 the first byte); the kernel writes the file itself, and the mount takes size and mtime
 from the file (``sync``, ``Writes.written_by_kernel``) whenever it needs them: before it
-answers attributes of the inode, and at flush, fsync, release, truncate and fallocate —
-then uploads as before. Not for a write-in-place of an object in S3 (a ranges log records
+answers attributes of the inode, before any other request on it (an open, a create or
+rename or unlink of its name, a read or write of a descriptor it serves with direct I/O)
+and at flush, fsync, release, truncate and fallocate — then uploads as before. Not for a write-in-place of an object in S3 (a ranges log records
 what it changes, so that the upload copies the rest server-side), nor with
 ``DELVEFS_UPLOAD_WHILE_WRITING``. A server-side copy (``copy_file_range``) into such a
 handle is refused (EOPNOTSUPP: the kernel copies by read and write), because the kernel
@@ -313,6 +314,12 @@ class Passthrough:
             # another descriptor may write again within the same timestamp tick, unseen
             others = len(io.writers) > 1
             io.writers[fh] = None if others and now - st.st_ctime_ns < _RECENT_NS else stamp
+
+    def sync_all(self) -> None:
+        """``sync`` of every inode the kernel writes (before an operation that may act on
+        one of them by its name: a create or truncating open, a rename, an unlink)."""
+        for ino in list(self.writing):
+            self.sync(ino)
 
     def _writes_through(self, fh: int, h, io: InodeIO) -> None:
         st = os.fstat(h.fd)

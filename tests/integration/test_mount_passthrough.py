@@ -286,6 +286,17 @@ def test_rw_new_and_truncated_files_are_written_by_the_kernel_and_uploaded_at_cl
         f.write(b"++")
     assert get(s3, bucket, "data/cut.txt") == b"0123++"
     assert (mp / "data/cut.txt").read_bytes() == b"0123++"
+    # a truncating open beside a descriptor the kernel writes truncates what it wrote
+    fd = os.open(mp / "data/t.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"x" * 100_000, 0)
+        with open(mp / "data/t.bin", "wb") as f:
+            f.write(b"short")
+        os.truncate(mp / "data/t.bin", 8)
+        assert os.pread(fd, 100, 0) == b"short\0\0\0"
+    finally:
+        os.close(fd)
+    assert get(s3, bucket, "data/t.bin") == b"short\0\0\0"
     # mmap writes before the close reach S3
     with open(mp / "data/mapped.bin", "w+b") as f:
         f.truncate(8192)
