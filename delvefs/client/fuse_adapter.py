@@ -475,6 +475,7 @@ def terminate() -> None:
 
 
 def close(unmount: bool = True) -> None:
-    if _mounted is not None:
-        _mounted.passthrough.close()
+    passthrough = getattr(_mounted, "passthrough", None)  # (a file system of the benchmarks has none)
+    if passthrough is not None:
+        passthrough.close()
     pyfuse3.close(unmount=unmount)

@@ -5,9 +5,10 @@ request to the mount (Linux >= 6.9, ``CONFIG_FUSE_PASSTHROUGH``; the mount needs
 (``passthrough.patch``): ``FUSE_PASSTHROUGH`` and ``max_stack_depth`` = 1 in the INIT
 reply, a backing id for an open cache file (``FUSE_DEV_IOC_BACKING_OPEN`` on /dev/fuse)
 and ``FOPEN_PASSTHROUGH`` with that id in the reply to an OPEN or CREATE. This module is
-the policy: which opens go through, with which file, and when an id is dropped. It knows
-the core's handles and cache entries and nothing of FUSE; the adapter
-(``delvefs.client.fuse_adapter``) asks it at every open, create and release.
+the policy: which opens go through, with which file, and when an id is dropped. It reads
+the core's handles and cache entries and imports no pyfuse3 (the adapter,
+``delvefs.client.fuse_adapter``, hands it pyfuse3's functions and asks it at every open,
+create and release).
 
 Which opens. A reading handle whose version's *whole* object is in its cache file
 (``entry.present`` covers it; clean, the node's ETag): the bytes are all local, and a
@@ -24,9 +25,9 @@ the first byte); the kernel writes the file itself, and the mount takes size and
 from the file (``sync``, ``Writes.written_by_kernel``) whenever it needs them: before it
 answers attributes of the inode, before any other request on it (an open, a create or
 rename or unlink of its name, a read or write of a descriptor it serves with direct I/O)
-and at flush, fsync, release, truncate and fallocate — then uploads as before. Not for a write-in-place of an object in S3 (a ranges log records
-what it changes, so that the upload copies the rest server-side), nor with
-``DELVEFS_UPLOAD_WHILE_WRITING``. A server-side copy (``copy_file_range``) into such a
+and at flush, fsync, release, truncate and fallocate — then uploads as before. Not for a
+write-in-place of an object in S3 (a ranges log records what it changes, so that the
+upload copies the rest server-side), nor with ``DELVEFS_UPLOAD_WHILE_WRITING``. A server-side copy (``copy_file_range``) into such a
 handle is refused (EOPNOTSUPP: the kernel copies by read and write), because the kernel
 would go on writing the file the copy replaced.
 
