@@ -39,6 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    _add_handler_commands(sub)
+    _add_mount_commands(sub)
+    _add_following_commands(sub)
+    _add_version(parser)
+    for command in sub.choices.values():  # every subcommand, and theirs, answers --version
+        _add_version(command)
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for nested in action.choices.values():
+                    _add_version(nested)
+    return parser
+
+
+def _add_handler_commands(sub) -> None:
+    """The event handler's commands: eventhandler, principal, notify."""
     p = sub.add_parser("eventhandler", help="run the event handler in the foreground",
                        description="Consume bucket notifications, keep object metadata in "
                                    "LevelDB and serve views to clients over HTTP. "
@@ -101,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--remove", action="store_true",
                         help="take the 'delvefs' rule away instead (other rules are kept)")
 
+
+def _add_mount_commands(sub) -> None:
+    """A mount's commands: mount, umount, sync, check, status, reload."""
     p = sub.add_parser("mount", help="mount a views file", description="Mount VIEWS.yaml at MOUNTPOINT; "
                        "returns when the mount is ready unless --foreground.")
     p.add_argument("views", metavar="VIEWS.yaml")
@@ -153,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the mount's answer (default 120)")
 
+
+def _add_following_commands(sub) -> None:
+    """Commands that follow views and shards: shards, watch."""
     p = sub.add_parser("shards", help="show the shard map; which shard owns a bucket; move a "
                        "bucket to another shard",
                        description="show: each shard of the map ($DELVEFS_HANDLER_URL) and what it "
@@ -202,14 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-file", metavar="PATH",
                    help="create PATH (holding the pid) once every file that appears from then on "
                         "will be seen; removed at start and at exit")
-    _add_version(parser)
-    for command in sub.choices.values():  # every subcommand, and theirs, answers --version
-        _add_version(command)
-        for action in command._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for nested in action.choices.values():
-                    _add_version(nested)
-    return parser
 
 
 def _add_version(parser: argparse.ArgumentParser) -> None:

@@ -89,12 +89,54 @@ def quiet_gc(stop: threading.Event) -> None:
         quiet.tick()
 
 
+def _sharding(args, shard: str | None, state_dir):
+    """This handler's shard of the map (eventhandler/sharding.py), or None for the only
+    handler; ValueError for a map that cannot be read."""
+    if not shard:
+        return None
+    from delvefs.shared.shards import ShardMap, ShardMapError
+
+    from .sharding import Sharding
+    try:
+        sharding = Sharding(shard, ShardMap.parse(config.shard_map_text(
+            getattr(args, "shard_map", None))), state_dir)
+    except ShardMapError as exc:
+        raise ValueError(str(exc)) from None
+    log.info("shard %s of %s", shard, sharding.map.text())
+    return sharding
+
+
+def _start_consumer(args, engine, metrics, stop_for, sharding, stack):
+    """The started event source, stopped by ``stack``: SQS (AWS S3) or RabbitMQ, with the
+    monitor of its queue's depth."""
+    sqs_queue = config.sqs_queue(getattr(args, "sqs_queue", None))
+    if sqs_queue:  # AWS S3: notifications arrive through SQS (eventhandler/sqs.py)
+        from .sqs import SqsConsumer
+        consumer = SqsConsumer(sqs_queue, engine, metrics, on_fatal=stop_for, sharding=sharding,
+                               dead_letter_url=config.sqs_dead_letter_queue(
+                                   getattr(args, "sqs_dead_letter_queue", None)))
+        consumer.start()
+        stack.callback(consumer.stop)
+        return consumer
+    from .amqp import Consumer, LagMonitor
+    consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),
+                        engine, metrics, on_fatal=stop_for, sharding=sharding,
+                        quorum=config.amqp_quorum(getattr(args, "quorum_queue", False)))
+    engine.before_first_scans = consumer.bind
+    consumer.start()
+    stack.callback(consumer.stop)
+    lag = LagMonitor(consumer.url, consumer.queue, metrics.set_queue_depth,
+                     ready=consumer.connected.is_set)
+    lag.start()
+    stack.callback(lag.stop)
+    return consumer
+
+
 def run(args) -> int:
     logsetup.setup(getattr(args, "log_level", None), getattr(args, "log_file", None),
                    debug=getattr(args, "debug", False))
     from delvefs.shared.s3 import BucketReader
 
-    from .amqp import Consumer, LagMonitor
     from .api import Api
     from .auth import GRANTS_FILE, Authenticator, Grants, listen_is_loopback, principals_path, tls_context
     from .engine import DEFAULT_VIEW_TTL, Engine
@@ -142,19 +184,12 @@ def run(args) -> int:
             log.info("stopped while standing by")
             return 0
         lock.record_holder(f"{host}:{port}")
-        sharding = None
         shard = config.handler_shard(getattr(args, "shard", None))
-        if shard:  # one shard of several (eventhandler/sharding.py)
-            from delvefs.shared.shards import ShardMap, ShardMapError
-
-            from .sharding import Sharding
-            try:
-                sharding = Sharding(shard, ShardMap.parse(config.shard_map_text(
-                    getattr(args, "shard_map", None))), state_dir)
-            except ShardMapError as exc:
-                log.error("%s", exc)
-                return 2
-            log.info("shard %s of %s", shard, sharding.map.text())
+        try:
+            sharding = _sharding(args, shard, state_dir)
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
         store = Store(str(state_dir / "leveldb"))
         stack.callback(store.close)
         metrics = Metrics(shard=shard or "0")  # ("0": the only handler)
@@ -170,25 +205,7 @@ def run(args) -> int:
                         publish_timeout=publish_timeout, on_storage_error=stop_for)
         stack.callback(engine.close)
         engine.start()
-        sqs_queue = config.sqs_queue(getattr(args, "sqs_queue", None))
-        if sqs_queue:  # AWS S3: notifications arrive through SQS (eventhandler/sqs.py)
-            from .sqs import SqsConsumer
-            consumer = SqsConsumer(sqs_queue, engine, metrics, on_fatal=stop_for, sharding=sharding,
-                                   dead_letter_url=config.sqs_dead_letter_queue(
-                                       getattr(args, "sqs_dead_letter_queue", None)))
-            consumer.start()
-            stack.callback(consumer.stop)
-        else:
-            consumer = Consumer(config.amqp_url(args.amqp_url), config.amqp_exchange(args.exchange),
-                                engine, metrics, on_fatal=stop_for, sharding=sharding,
-                                quorum=config.amqp_quorum(getattr(args, "quorum_queue", False)))
-            engine.before_first_scans = consumer.bind
-            consumer.start()
-            stack.callback(consumer.stop)
-            lag = LagMonitor(consumer.url, consumer.queue, metrics.set_queue_depth,
-                             ready=consumer.connected.is_set)
-            lag.start()
-            stack.callback(lag.stop)
+        consumer = _start_consumer(args, engine, metrics, stop_for, sharding, stack)
         grants = Grants(state_dir / GRANTS_FILE)  # read now: a standby's copy would be stale
         auth.on_revoked = grants.forget
         api = Api(engine, consumer, metrics, auth, grants, config.S3Settings.from_env().endpoint_url,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import socket
 import subprocess
 import urllib.request
 
@@ -18,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from delvefs.client.passthrough import has_cap_sys_admin
+from delvefs.devtools.localservices import free_port
 
 from ..waiting import wait_until
 from .mounts import CHANGE_TIMEOUT, data_views, handler, mounts, put  # noqa: F401
@@ -25,12 +25,6 @@ from .mounts import CHANGE_TIMEOUT, data_views, handler, mounts, put  # noqa: F4
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kernel_has_passthrough() -> bool:
