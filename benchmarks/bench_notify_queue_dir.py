@@ -150,7 +150,7 @@ def run_pair(queue_dir: bool, n: int, burst: int, k: int) -> list[dict]:
     """Confirms off and on, side by side, with or without the queue dir."""
     with tempfile.TemporaryDirectory(prefix="bench-qd-") as d, contextlib.ExitStack() as stack:
         rabbit = RabbitMQ(Path(d) / "rabbitmq").start()
-        stack.callback(rabbit.stop)
+        stack.callback(rabbit.close)
         targets = []
         for confirms in (False, True):
             t = Target(Path(d), rabbit, queue_dir, confirms)

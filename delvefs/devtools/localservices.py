@@ -18,7 +18,6 @@ import pwd
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -87,15 +86,6 @@ def _stop_group(proc: subprocess.Popen | None, timeout: float = 15) -> None:
         proc.wait(5)
 
 
-def _make_traversable(path: Path) -> None:
-    """Let another user (the broker's) reach a directory below private temp dirs."""
-    for p in [path, *path.parents]:
-        mode = p.stat().st_mode
-        # Erlang's filelib:ensure_dir lists ancestors, so search permission alone is not enough.
-        if mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
-            p.chmod(mode | stat.S_IROTH | stat.S_IXOTH)
-
-
 def amqp_handshake_ok(host: str, port: int) -> bool:
     """True when an AMQP 0-9-1 broker answers the protocol header with Connection.Start."""
     try:
@@ -130,12 +120,39 @@ class _ServiceProcess:
 @dataclass
 class RabbitMQ(_ServiceProcess):
     """A private RabbitMQ node. Debian's broker runs as user ``rabbitmq`` when we are root:
-    its mnesia/log directories must then belong to that user."""
+    its config, mnesia and log directories then belong to that user, in a directory of
+    their own under the system's temp dir (``node_dir``, linked from ``base_dir/node``),
+    not below ``base_dir``: a private temp tree (pytest's ``/tmp/pytest-of-root``, which
+    every pytest session that starts makes 0700 again) would lock the broker out of its
+    own files while it runs. ``close`` stops it and removes that directory."""
 
     base_dir: Path
     port: int = field(default_factory=free_port)
     dist_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    node_dir: Path | None = None
+
+    def _node_dir(self, user: str | None) -> Path:
+        if self.node_dir is None:
+            if user is None:
+                self.node_dir = self.base_dir
+            else:
+                self.node_dir = Path(tempfile.mkdtemp(prefix=f"delvefs-rabbitmq-{self.port}-"))
+                shutil.chown(self.node_dir, user, user)
+                link = self.base_dir / "node"
+                with contextlib.suppress(FileNotFoundError):
+                    link.unlink()
+                link.symlink_to(self.node_dir)
+        return self.node_dir
+
+    def close(self) -> None:
+        self.stop()
+        if self.node_dir is not None and self.node_dir != self.base_dir:
+            shutil.rmtree(self.node_dir, ignore_errors=True)
+        self.node_dir = None
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def url(self) -> str:
@@ -149,25 +166,27 @@ class RabbitMQ(_ServiceProcess):
         if not os.path.exists(RABBITMQ_SERVER):
             raise ServiceError(f"{RABBITMQ_SERVER} missing: run scripts/bootstrap.sh (Debian rabbitmq-server)")
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        conf = self.base_dir / "rabbitmq.conf"
-        conf.write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            "loopback_users.guest = true\n"
-            "disk_free_limit.absolute = 50MB\n"
-        )
-        plugins = self.base_dir / "enabled_plugins"
-        plugins.write_text("[].\n")
-        for sub in ("mnesia", "log"):
-            (self.base_dir / sub).mkdir(exist_ok=True)
         user = group = extra_groups = None
         home = str(self.base_dir)
         if os.geteuid() == 0:
             user = group = "rabbitmq"
             extra_groups = []  # drop root's groups: the group bits of root-owned temp dirs must not apply
             home = pwd.getpwnam(user).pw_dir  # holds the Erlang cookie
-            for path in [self.base_dir, *self.base_dir.iterdir()]:
-                shutil.chown(path, user, user)
-            _make_traversable(self.base_dir.parent)
+        node_dir = self._node_dir(user)
+        conf = node_dir / "rabbitmq.conf"
+        conf.write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            "loopback_users.guest = true\n"
+            "disk_free_limit.absolute = 50MB\n"
+        )
+        plugins = node_dir / "enabled_plugins"
+        plugins.write_text("[].\n")
+        for sub in ("mnesia", "log"):
+            (node_dir / sub).mkdir(exist_ok=True)
+        if user is not None:
+            for path in node_dir.iterdir():
+                if not path.is_symlink():
+                    shutil.chown(path, user, user)
         node = f"delvefs{self.port}@localhost"
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -179,15 +198,15 @@ class RabbitMQ(_ServiceProcess):
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_CONFIG_FILE": str(conf),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(plugins),
-            "RABBITMQ_MNESIA_BASE": str(self.base_dir / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(self.base_dir / "log"),
-            "RABBITMQ_PID_FILE": str(self.base_dir / "rabbit.pid"),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base_dir / "advanced.config"),
+            "RABBITMQ_MNESIA_BASE": str(node_dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(node_dir / "log"),
+            "RABBITMQ_PID_FILE": str(node_dir / "rabbit.pid"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(node_dir / "advanced.config"),
         }
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [RABBITMQ_SERVER], env=env, user=user, group=group, extra_groups=extra_groups,
-                cwd=self.base_dir,
+                cwd=node_dir,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -351,7 +370,7 @@ class LocalServices:
                                publisher_confirms=self.publisher_confirms)
             self.minio.start()
         except BaseException:
-            self.rabbit.stop()
+            self.rabbit.close()
             raise
         return self
 
@@ -359,7 +378,7 @@ class LocalServices:
         if self.minio:
             self.minio.stop()
         if self.rabbit:
-            self.rabbit.stop()
+            self.rabbit.close()
 
 
 def main(argv: list[str] | None = None) -> int:
