@@ -90,11 +90,6 @@ class DataCache:
 
     # objects up to this size are fetched whole on their first read (one GET)
     whole_size = 2 * MiB
-    # sequential read-ahead: the window starts at ``window_start``, doubles with every
-    # sequential read up to ``window_max`` (at most a quarter of ``limit``)
-    window_start = 1 * MiB
-    window_max = 128 * MiB
-
     def __init__(self, directory: str | os.PathLike, limit: int | None = None, *,
                  block_size: int = 512 * KiB, max_get: int = 8 * MiB):
         self.dir = Path(directory) / "data"

@@ -21,7 +21,7 @@ B = 4096  # the tests' block size
 def small_blocks(w, *, window_max: int = 8 * B):
     c = w.cache
     c.block_size, c.max_get, c.whole_size = B, 4 * B, B
-    c.window_start, c.window_max = 2 * B, window_max
+    w.fs.readahead.window_start, w.fs.readahead.window_max = 2 * B, window_max
     return w
 
 
@@ -140,7 +140,7 @@ async def test_closing_the_handle_cancels_its_prefetch(make_world):
     h = w.fs.handles.files[fh]
     for off in range(8 * B, 64 * B, B):  # cached by the read-ahead, which starts more
         assert await w.fs.read(fh, off, B) == data[off:off + B]
-        pending = [f for f in h.fetches if not f.finished]
+        pending = w.fs.readahead.pending(h.stream)
         if pending:
             break
     assert pending

@@ -7,8 +7,8 @@ of the views file) changes them, without an await. A dropped or replaced ViewSta
 ``retired``: no longer refreshed, its open files served as they are, its dirty files
 uploaded all the same (``can_match`` says yes), and ``by_name`` keeps it until its name is
 used again. The fields of a ViewState are changed by the parts that own what they stand
-for: ``Views`` (registration, versions, freshness), ``Tree`` (the overlay, the layout by
-properties' maps).
+for: ``Views`` (registration, versions, freshness), ``Tree`` (the overlay, the unshown
+keys), ``PropertyLayout`` (``places``).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 import trio
 
 from .inodes import Dir, relative_path
+from .layout import Places
 
 RETRY_FIRST, RETRY_MAX = 1.0, 10.0  # backoff between failed refreshes of a stale view
 EARLIER_KEPT = 32  # an older upload forgotten: its change is ignored until the bound anyway
@@ -107,8 +108,7 @@ class ViewState:
         self.by = tuple(name.lower() for name in by) if by else None
         self.flat = view.layout == "flat" or self.by is not None
         self.layout = view.layout
-        self.values: dict[str, tuple] = {}  # key -> its property values (where it belongs)
-        self.placed: dict[str, tuple[str, ...]] = {}  # key -> the directories its file is in
+        self.places = Places()  # where its files are (a layout by properties; layout.py's)
         # a cut long name (inodes.fit_name) -> what it stands for: a directory's property
         # value, a file's key below the root (kept for the mount's life: a name stands for one)
         self.long_names: dict[str, str] = {}
@@ -132,6 +132,11 @@ class ViewState:
         self.retired = False  # dropped or replaced by a reload of the views file
         self.lists = 0  # statistics (tests, logs)
         self.deltas = 0
+
+
+    def remember_cut(self, name: str, full: str) -> None:
+        """A cut long name (``inodes.fit_name``) stands for ``full`` for the mount's life."""
+        self.long_names[name] = full
 
 
 def stale_text(vs: ViewState) -> str:

@@ -12,13 +12,16 @@ construction (each names what it uses; arrows point at what a part calls):
 
 ``catalog``     the views (ViewState records), which view an object belongs to
 ``tree``        the directory tree, overlays of local changes, the kernel's cached pages
+                                                                                → layout
+``layout``      where files go in a layout by properties (each view's ``places``)
 ``listings``    registration, listings and delta refreshes, staleness, reload  → tree
 ``properties``  tags and metadata of files, retagging                           → tree
 ``deletes``     eager unlinks' DELETEs in DeleteObjects batches
 ``uploads``     conditional uploads and conflicts, the background queue, sync,
                 recovery, shutdown, parts sent while written   → tree, properties, deletes
 ``writes``      create, write, flush, fsync, truncate                  → uploads, listings
-``reads``       open for reading, read, release                                → uploads
+``reads``       open for reading, read, release                     → uploads, readahead
+``readahead``   sequential read-ahead: its rule, per-handle state and settings
 ``publisher``   directory renames published as one batch: records, manifests, recovery
                                                                           → uploads, tree
 ``namespace``   unlink, mkdir, rmdir, rename            → uploads, deletes, publisher, listings
@@ -60,9 +63,11 @@ from .deletes import DeleteQueue
 from .dirty import DirtyFiles
 from .handles import Handles
 from .inodes import Dir, File, InodeTable, Node
+from .layout import PropertyLayout
 from .namespace import Namespace
 from .properties import Properties
 from .publish import Publisher
+from .readahead import ReadAhead
 from .reads import Reads
 from .tree import Tree
 from .uploads import Uploads
@@ -95,7 +100,8 @@ class FileSystem:
         self.catalog = ViewCatalog(views)
         self.handles = Handles()
         self.dirty = DirtyFiles(cache)
-        self.tree = Tree(self.table, self.catalog, self.handles, cache,
+        self.layout = PropertyLayout()
+        self.tree = Tree(self.table, self.catalog, self.handles, self.layout, cache,
                          notifier or NullNotifier(), settings)
         self.listings = Views(self.catalog, self.tree, handler, self.dirty, settings,
                               reregister=reregister)
@@ -103,12 +109,13 @@ class FileSystem:
         self.deletes = DeleteQueue(store, settings)
         self.uploads = Uploads(store, cache, self.dirty, self.catalog, self.tree,
                                self.properties, self.deletes, settings)
-        self.writes = Writes(self.table, self.catalog, self.handles, self.tree, self.listings,
-                             self.uploads, self.dirty, cache, store, settings)
+        self.writes = Writes(self.table, self.catalog, self.handles, self.tree, self.layout,
+                             self.listings, self.uploads, self.dirty, cache, store, settings)
+        self.readahead = ReadAhead(cache, store)
         self.reads = Reads(self.table, self.handles, self.tree, self.uploads, self.dirty,
-                           cache, store)
+                           self.readahead, cache, store)
         self.publisher = Publisher(store, cache, self.dirty, self.uploads, self.tree)
-        self.namespace = Namespace(self.table, self.catalog, self.tree, self.listings,
+        self.namespace = Namespace(self.table, self.catalog, self.tree, self.layout, self.listings,
                                    self.uploads, self.deletes, self.properties, self.publisher,
                                    self.reads, self.dirty, cache, store, settings)
         self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache, handler)

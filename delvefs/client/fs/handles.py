@@ -15,11 +15,11 @@ import trio
 
 from ..errors import FsError
 from .inodes import Dir, File
+from .readahead import Stream
 
 
 class FileHandle:
-    __slots__ = ("node", "entry", "fd", "lock", "writer", "next_off", "window", "ahead",
-                 "fetches", "copied")
+    __slots__ = ("node", "entry", "fd", "lock", "writer", "stream", "copied")
 
     def __init__(self, node: File, writer: bool = False):
         self.node = node
@@ -27,10 +27,7 @@ class FileHandle:
         self.fd: int | None = None
         self.lock = trio.Lock()
         self.writer = writer  # opened for writing: ``entry`` is the dirty local copy
-        self.next_off = 0     # where a sequential read would continue
-        self.window = 0       # read-ahead window (0: none yet)
-        self.ahead = 0        # bytes before it are fetched or being fetched
-        self.fetches: list = []  # the read-ahead's fetches (cancelled at close)
+        self.stream = Stream()  # its read-ahead's state (the read-ahead part's alone)
         self.copied = None    # (source handle number, the version written) after a server-side copy
 
 

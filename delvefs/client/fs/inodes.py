@@ -200,9 +200,10 @@ def relative_path(view, key: str) -> str | None:
         return key_path(view.get("root") or "", view.get("layout") == "flat" or bool(by), key)
     by = getattr(view, "layout_by", None)
     rel = key_path(view.root or "", view.layout == "flat" or bool(by), key)
-    placed = getattr(view, "placed", None)  # the mount's view: the directories the file is in
-    if rel is not None and placed is not None and key in placed:
-        return "/".join([*placed[key], rel])
+    places = getattr(view, "places", None)  # the mount's view: the directories the file is in
+    dirs = places.placed.get(key) if places is not None and rel is not None else None
+    if dirs is not None:
+        return "/".join([*dirs, rel])
     return rel
 
 

@@ -1,71 +1,102 @@
 """Layout by properties (``vs.by``): where a file goes depends on the object's property
-values, not on its key alone. ``vs.values`` holds each key's values as last known (the
-``properties`` the handler's listings and changes carry for such a view, or this mount's
-own tags), ``vs.placed`` the directories its file is in now; ``put`` moves a file whose
-values changed to its new directory (same inode). What the write side
-needs: ``implied_tags`` (tags of a file created in a directory), ``mkdir_property``,
-``layout_dir_tags`` (a file moved to another directory takes its values as tags).
+values, not on its key alone.
 
-These methods are :class:`delvefs.client.fs.tree.Tree`'s (a mixin: they use its table,
-``find``, ``put``, ``prune``, ``mkdir_local`` and notifier) and never await either.
+The part :class:`PropertyLayout` owns, per such view, a :class:`Places` (``vs.places``):
+each key's values as last known (the ``properties`` the handler's listings and changes
+carry for such a view, or this mount's own tags) and the directories its file is in now.
+Only this module changes a Places. The tree asks it where a key goes (``dirs_of``) and
+tells it where a file went (``placed``); the tree moves a file whose values changed to its
+new directory (same inode). What the write side needs: ``implied_tags`` (tags of a file
+created in a directory), ``check_mkdir``, ``dir_tags`` (a file moved to another directory
+takes its values as tags). Nothing here awaits.
 """
 from __future__ import annotations
 
 import errno
 
 from ..errors import FsError
-from .catalog import ViewState
-from .inodes import Dir, File, dir_value, is_cut, layout_values, value_dir
+from .inodes import Dir, dir_value, is_cut, layout_values, unshowable_values, value_dir
+
+
+class Places:
+    """One view's layout-by-properties state (the layout part's alone)."""
+    __slots__ = ("values", "placed")
+
+    def __init__(self):
+        self.values: dict[str, tuple] = {}  # key -> its property values (where it belongs)
+        self.placed: dict[str, tuple[str, ...]] = {}  # key -> the directories its file is in
 
 
 class PropertyLayout:
     """Where files go in a view laid out by property values (``vs.by``)."""
 
-    def _value_dir(self, vs: ViewState, value: str | None) -> str:
+    def value_dir(self, vs, value: str | None) -> str:
+        """The directory name of a property value (a cut long value is remembered)."""
         name = value_dir(value)
-        if is_cut(name):  # a cut long value: remember what it stands for
-            vs.long_names[name] = value
+        if is_cut(name):
+            vs.remember_cut(name, value)
         return name
 
-    def _layout_known(self, vs: ViewState, obj: dict) -> bool:
-        """Whether ``obj``'s place in ``vs`` (a layout by properties) is known: from its
-        ``properties`` (the handler's listings and changes of such a view carry them, as do
-        this mount's own changes), else from before."""
+    def dirs_of(self, vs, key: str) -> list[str] | None:
+        """The directories ``key``'s file belongs in by its values; None while they are
+        unknown or have no directory name."""
+        values = vs.places.values.get(key)
+        if values is None or unshowable_values(values) is not None:
+            return None
+        return [self.value_dir(vs, v) for v in values]
+
+    def unshowable(self, vs, key: str) -> str | None:
+        """Why ``key``'s values give it no directory (None: they do, or are unknown)."""
+        return unshowable_values(vs.places.values.get(key) or ())
+
+    def known(self, vs, obj: dict) -> bool:
+        """Whether ``obj``'s place in ``vs`` is known: from its ``properties`` (recorded
+        now), else from before."""
         key = obj["key"]
         props = obj.get("properties")
         if props is not None:
-            vs.values[key] = layout_values(vs.by, props)
+            vs.places.values[key] = layout_values(vs.by, props)
             return True
-        return key in vs.values
+        return key in vs.places.values
 
-    def _placed_elsewhere(self, vs: ViewState, obj: dict) -> bool:
+    def placed_elsewhere(self, vs, obj: dict) -> bool:
         """Whether the handler's ``obj`` would place its key elsewhere than this mount has
-        it now (a layout by properties; tags and metadata change no ETag)."""
+        it now (tags and metadata change no ETag)."""
         props = obj.get("properties")
         return vs.by is not None and props is not None and \
-            layout_values(vs.by, props) != vs.values.get(obj["key"])
+            layout_values(vs.by, props) != vs.places.values.get(obj["key"])
 
-    def _unplace(self, vs: ViewState, key: str) -> File | None:
-        """The file of ``key``, taken out of its directory when its values now belong in
-        another one (the caller puts it there: it keeps its inode)."""
-        dirs = vs.placed.get(key)
-        values = vs.values.get(key)
-        if dirs is None or values is None or list(dirs) == [self._value_dir(vs, v) for v in values]:
-            return None
-        node = self.find(vs, key)
-        del vs.placed[key]
-        if node is None or node.is_dir:
-            return None
-        parent = node.parent
-        del parent.children[node.name]
-        parent.changed()
-        if self._known(parent):
-            self.notifier.entry(parent.ino, node.name)
-        self._served.pop(node.ino, None)
-        self.prune(parent)
-        return node
+    def moving(self, vs, key: str) -> bool:
+        """Whether ``key``'s file is in directories its values no longer name (the tree
+        takes it out, ``unplace``, and puts it where they say, ``placed``)."""
+        dirs = vs.places.placed.get(key)
+        values = vs.places.values.get(key)
+        return not (dirs is None or values is None
+                    or list(dirs) == [self.value_dir(vs, v) for v in values])
 
-    def _dir_values(self, d: Dir) -> list[str | None] | None:
+    def unplace(self, vs, key: str) -> None:
+        vs.places.placed.pop(key, None)
+
+    def placed_at(self, vs, key: str) -> tuple[str, ...] | None:
+        """The directories ``key``'s file is in now (None: not placed)."""
+        return vs.places.placed.get(key)
+
+    def placed(self, vs, key: str, dirs) -> None:
+        vs.places.placed[key] = tuple(dirs)
+
+    def forget(self, vs, key: str) -> None:
+        """``key`` left the view."""
+        vs.places.values.pop(key, None)
+        vs.places.placed.pop(key, None)
+
+    def sweep(self, vs, seen: set[str]) -> None:
+        """After a relist: forget the keys the listing did not contain."""
+        p = vs.places
+        for known in (p.values, p.placed):
+            for key in [k for k in known if k not in seen]:
+                del known[key]
+
+    def dir_values(self, d: Dir) -> list[str | None] | None:
         """The property values the directories from a layout-by view's top down to ``d``
         stand for (None when ``d`` is not in such a view)."""
         vs = d.view
@@ -77,11 +108,11 @@ class PropertyLayout:
             d = d.parent
         return [dir_value(n, vs.long_names) for n in reversed(names)]
 
-    def layout_dir_tags(self, d: Dir) -> dict | None:
+    def dir_tags(self, d: Dir) -> dict | None:
         """What a file in ``d``, a directory of a layout by properties, has as tags:
-        ``{"values", "tags", "untag"}`` (``_unset``: the tag removed); None in other layouts.
-        EPERM above the last level."""
-        values = self._dir_values(d)
+        ``{"values", "tags", "untag"}`` (``untag``: the tags removed); None in other
+        layouts. EPERM above the last level."""
+        values = self.dir_values(d)
         if values is None:
             return None
         vs = d.view
@@ -92,41 +123,38 @@ class PropertyLayout:
                 "tags": {name: v for name, v in zip(vs.layout_by, values) if v is not None},
                 "untag": sorted(name for name, v in zip(vs.layout_by, values) if v is None)}
 
-    def values_of(self, vs: ViewState, key: str) -> tuple | None:
-        """The property values ``key`` is placed by in ``vs`` (a layout by properties)."""
-        return vs.values.get(key)
+    def values_of(self, vs, key: str) -> tuple | None:
+        """The property values ``key`` is placed by in ``vs``."""
+        return vs.places.values.get(key)
 
-    def place(self, node: File, values: tuple) -> None:
-        """A file of a layout by properties goes where ``values`` say (a dirty file retagged:
-        tagged at its upload; a value that is user metadata)."""
-        vs = node.parent.view
-        if not node.gone and vs.values.get(node.key) != values:
-            vs.values[node.key] = values
-            self.put(vs, {"key": node.key, "size": node.size, "mtime": node.mtime_ns / 1e9,
-                          "etag": node.etag}, notify=True, remote=False, written=True)
+    def set_values(self, vs, key: str, values: tuple) -> bool:
+        """``key`` has ``values`` now (this mount retagged it); whether that changed them."""
+        if vs.places.values.get(key) == values:
+            return False
+        vs.places.values[key] = values
+        return True
 
     def implied_tags(self, parent: Dir, key: str) -> dict | None:
         """A file created in ``parent``, a directory of a layout by properties, gets its
         directories' values as tags: ``{"tags", "untag"}`` for its dirty record; None in
         other layouts. EPERM above the last level; EEXIST when the key is in another one."""
-        implied = self.layout_dir_tags(parent)
+        implied = self.dir_tags(parent)
         if implied is None:
             return None
         vs = parent.view
         values = implied.pop("values")
-        where = vs.placed.get(key)
-        if where is not None and list(where) != [self._value_dir(vs, v) for v in values]:
+        where = vs.places.placed.get(key)
+        if where is not None and list(where) != [self.value_dir(vs, v) for v in values]:
             raise FsError(errno.EEXIST, f"{key} is in {vs.name}/{'/'.join(where)} (a name is one "
                           "object in every directory of a layout by properties)")
-        vs.values[key] = values
+        vs.places.values[key] = values
         return implied
 
-    def mkdir_property(self, parent: Dir, name: str) -> Dir:
-        """mkdir in a layout by properties: a directory for a property value (EINVAL for a
-        name no value has; EPERM below the last level). It exists in this mount only until a
-        file lands in it, like any mkdir'ed directory."""
+    def check_mkdir(self, parent: Dir, name: str) -> None:
+        """mkdir in a layout by properties makes a directory for a property value: EINVAL
+        for a name no value has, EPERM below the last level, EEXIST when there."""
         vs = parent.view
-        depth = len(self._dir_values(parent))
+        depth = len(self.dir_values(parent))
         if depth >= len(vs.by):
             raise FsError(errno.EPERM, f"view {vs.name}: {len(vs.by)} directory levels, one per "
                           f"property ({', '.join(vs.layout_by)}); files below the last")
@@ -136,4 +164,3 @@ class PropertyLayout:
             raise FsError(errno.EINVAL, str(exc)) from None
         if name in parent.children:
             raise FsError(errno.EEXIST)
-        return self.mkdir_local(parent, name, parent.prefix)

@@ -23,6 +23,7 @@ from .catalog import ViewCatalog, ViewState
 from .deletes import DeleteQueue
 from .inodes import (Dir, File, InodeTable, Node, check_key, check_name, key_for, unshowable,
                      valid_segment, writable_dir)
+from .layout import PropertyLayout
 from .properties import Properties
 from .publish import Publisher
 from .reads import Reads
@@ -39,12 +40,13 @@ log = logging.getLogger(__name__)
 class Namespace:
     """unlink, mkdir, rmdir and rename."""
 
-    def __init__(self, table: InodeTable, catalog: ViewCatalog, tree: Tree, views: Views,
-                 uploads: Uploads, deletes: DeleteQueue, properties: Properties,
+    def __init__(self, table: InodeTable, catalog: ViewCatalog, tree: Tree, layout: PropertyLayout,
+                 views: Views, uploads: Uploads, deletes: DeleteQueue, properties: Properties,
                  publisher: Publisher, reads: Reads, dirty, cache, store, settings):
         self.table = table
         self.catalog = catalog
         self.tree = tree
+        self.layout = layout
         self.views = views
         self.uploads = uploads
         self.deletes = deletes
@@ -114,7 +116,8 @@ class Namespace:
         parent, vs = writable_dir(self.table, parent_ino)
         if vs.by is not None:  # layout by properties: a directory for a property value (tree.py)
             await self.views.fresh(vs)
-            return self.tree.mkdir_property(parent, name)
+            self.layout.check_mkdir(parent, name)
+            return self.tree.mkdir_local(parent, name, parent.prefix)
         if vs.flat:
             raise FsError(errno.EPERM, f"view {vs.name} is flat: no directories")
         check_name(name)
@@ -256,7 +259,7 @@ class Namespace:
         else:
             if target is not None and target.is_dir:
                 raise FsError(errno.EISDIR)
-            retag = self.tree.layout_dir_tags(dst_parent)  # layout by properties: its directories' values
+            retag = self.layout.dir_tags(dst_parent)  # layout by properties: its directories' values
             if retag is not None and dst_vs is src_vs:  # retagged first: it moves there, same name
                 await self._retag_into(node, dst_parent, retag)
                 if node.parent is dst_parent and node.name == new_name:
@@ -271,7 +274,7 @@ class Namespace:
         vs = d.view
         if node.gone or node.parent.view is not vs:
             return
-        if self.tree.values_of(vs, node.key) == implied["values"]:
+        if self.layout.values_of(vs, node.key) == implied["values"]:
             return
         tags, _ = await self.properties.of(node)
         untag = tuple(t for t in tags if t.lower() in implied["untag"])

@@ -10,11 +10,9 @@ fast and keeps reads and writes cheap. A handle keeps its own descriptor and ent
 reads the version it opened however the cache changes meanwhile; a byte of it that is no
 longer in the cache and no longer in S3 is EIO, never a byte of another version.
 
-Read-ahead: a handle whose reads follow one another starts fetching the bytes after them
-(``_read_ahead``), a window that doubles with every sequential read up to
-``DataCache.window_max``; a read elsewhere resets it. What the window fetched and nobody
-read yet is cancelled when the handle closes. The kernel may keep the pages it cached for
-an inode when the ETag it was served is still the node's.
+Every read of a clean copy tells the read-ahead part (``delvefs.client.fs.readahead``),
+which fetches ahead of sequential readers; a handle's close stops its fetches. The kernel
+may keep the pages it cached for an inode when the ETag it was served is still the node's.
 """
 from __future__ import annotations
 
@@ -26,6 +24,7 @@ from ..cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_failed, store_failure
 from .handles import FileHandle, Handles
 from .inodes import InodeTable, looked_up_again
+from .readahead import ReadAhead
 from .tree import Tree
 from .uploads import Uploads
 
@@ -41,8 +40,9 @@ class Reads:
     """open (for reading), read and release of file handles."""
 
     def __init__(self, table: InodeTable, handles: Handles, tree: Tree, uploads: Uploads,
-                 dirty, cache, store):
+                 dirty, readahead: ReadAhead, cache, store):
         self.table = table
+        self.readahead = readahead
         self.handles = handles
         self.tree = tree
         self.uploads = uploads
@@ -247,32 +247,10 @@ class Reads:
             # nothing awaited since ``ensure`` made sure of the bytes: none was evicted
             self.cache.touch(entry, off, end)
             if not entry.dirty:
-                self._read_ahead(h, entry, off, end)
+                self.readahead.after_read(h.stream, entry, off, end)
         if off < end:
             self.cache.served(end - off, self.cache.waits != waits)
         return os.pread(fd, size, off)
-
-    def _read_ahead(self, h: FileHandle, entry: CacheEntry, off: int, end: int) -> None:
-        """Sequential reads fetch ahead: a window that doubles with each (up to the
-        cache's ``window_max``, at most a quarter of its size limit); a jump resets it."""
-        cache = self.cache
-        if h.next_off - 2 * cache.block_size <= off < h.next_off:
-            return  # bytes just read again (or reads overtaking each other): no news
-        if not h.next_off <= off <= h.ahead:
-            h.window = 0  # a jump: random access until reads follow one another again
-            h.ahead = end
-        elif h.window == 0:
-            h.window = cache.window_start
-        else:
-            top = cache.window_max if cache.limit is None else max(cache.block_size, min(
-                cache.window_max, cache.limit // 4))
-            h.window = min(2 * h.window, top)
-        h.next_off = end
-        if h.window and h.ahead - end < h.window // 2 and h.ahead < entry.size:
-            start = max(h.ahead, end)
-            h.ahead = min(end + h.window, entry.size)
-            h.fetches = [f for f in h.fetches if not f.finished]
-            h.fetches += cache.prefetch(self.store, entry, start, h.ahead)
 
     async def release(self, fh: int) -> None:
         h = self.handles.files.pop(fh, None)
@@ -281,8 +259,7 @@ class Reads:
         if h.fd is not None:
             os.close(h.fd)
             h.fd = None
-        self.cache.cancel(h.fetches)
-        h.fetches = []
+        self.readahead.stop(h.stream)
         entry = h.entry
         if entry is not None:
             h.entry = None

@@ -34,8 +34,7 @@ import trio
 
 from .catalog import EARLIER_KEPT, Pending, ViewCatalog, ViewState, local_pending
 from .handles import Handles
-from .inodes import (ROOT_INODE, Dir, File, InodeTable, Node, is_cut, key_path, unshowable,
-                     unshowable_values)
+from .inodes import ROOT_INODE, Dir, File, InodeTable, Node, is_cut, key_path, unshowable
 from .layout import PropertyLayout
 
 log = logging.getLogger(__name__)
@@ -48,13 +47,14 @@ REMOVED_HERE_KEPT = 4096
 UNSHOWN_LOGGED = 1000
 
 
-class Tree(PropertyLayout):
-    """The directory tree of the views (never awaits); its layout by properties comes
-    from :class:`PropertyLayout`."""
+class Tree:
+    """The directory tree of the views (never awaits); where files go in a layout by
+    properties, ``layout`` says."""
 
-    def __init__(self, table: InodeTable, catalog: ViewCatalog, handles: Handles, cache,
-                 notifier, settings):
+    def __init__(self, table: InodeTable, catalog: ViewCatalog, handles: Handles,
+                 layout: PropertyLayout, cache, notifier, settings):
         self.table = table
+        self.layout = layout
         self.catalog = catalog
         self.handles = handles
         self.cache = cache
@@ -104,12 +104,10 @@ class Tree(PropertyLayout):
         if rel is None:
             return None
         if vs.flat and is_cut(rel):  # a cut long name: remember the key it stands for
-            vs.long_names[rel] = key[len(vs.root):]
+            vs.remember_cut(rel, key[len(vs.root):])
         if vs.by is not None:
-            values = vs.values.get(key)
-            if values is None or unshowable_values(values) is not None:
-                return None
-            return [self._value_dir(vs, v) for v in values], rel
+            dirs = self.layout.dirs_of(vs, key)
+            return None if dirs is None else (dirs, rel)
         if vs.flat:
             return [], rel
         parts = rel.split("/")
@@ -124,7 +122,7 @@ class Tree(PropertyLayout):
             return
         reason = unshowable(key[len(vs.root):], vs.flat)
         if reason is None and vs.by is not None:
-            reason = unshowable_values(vs.values.get(key) or ())
+            reason = self.layout.unshowable(vs, key)
         if reason is None:  # outside the root, a folder marker, values not known yet
             return
         vs.unshown[key] = reason
@@ -162,7 +160,7 @@ class Tree(PropertyLayout):
                 return True
             if etag != p.etag and not self._newer(obj, p):
                 return True  # a version from before this mount's change: not news
-            if p.retag and etag == p.etag and self._placed_elsewhere(vs, obj):
+            if p.retag and etag == p.etag and self.layout.placed_elsewhere(vs, obj):
                 return True  # that version with its tags before this mount's retag
         elif obj is None:
             if p.earlier:
@@ -259,9 +257,9 @@ class Tree(PropertyLayout):
             return None
         moved = None
         if vs.by is not None:
-            if not self._layout_known(vs, obj):
+            if not self.layout.known(vs, obj):
                 return None
-            moved = self._unplace(vs, obj["key"])
+            moved = self._take_out_moved(vs, obj["key"])
         path = self._path(vs, obj["key"])
         if path is None:
             if moved is not None:  # its new values have no directory name: gone here
@@ -299,7 +297,7 @@ class Tree(PropertyLayout):
         size, etag = int(obj.get("size", 0)), str(obj.get("etag", ""))
         existing = parent.children.get(name)
         if vs.by is not None:
-            vs.placed[obj["key"]] = tuple(dirs)
+            self.layout.placed(vs, obj["key"], dirs)
             if moved is not None and existing is None:  # to its new directory, same inode
                 moved.parent, moved.gone = parent, False
                 parent.children[name] = moved
@@ -386,6 +384,32 @@ class Tree(PropertyLayout):
                 if node is not None and not node.is_dir:
                     node.size, node.mtime_ns = entry.size, now
 
+    def _take_out_moved(self, vs: ViewState, key: str) -> File | None:
+        """The file of ``key``, taken out of its directory when its values now belong in
+        another one (a layout by properties; the caller puts it there: it keeps its inode)."""
+        if not self.layout.moving(vs, key):
+            return None
+        node = self.find(vs, key)
+        self.layout.unplace(vs, key)
+        if node is None or node.is_dir:
+            return None
+        parent = node.parent
+        del parent.children[node.name]
+        parent.changed()
+        if self._known(parent):
+            self.notifier.entry(parent.ino, node.name)
+        self._served.pop(node.ino, None)
+        self.prune(parent)
+        return node
+
+    def place(self, node: File, values: tuple) -> None:
+        """A file of a layout by properties goes where ``values`` say (a dirty file retagged:
+        tagged at its upload; a value that is user metadata)."""
+        vs = node.parent.view
+        if not node.gone and self.layout.set_values(vs, node.key, values):
+            self.put(vs, {"key": node.key, "size": node.size, "mtime": node.mtime_ns / 1e9,
+                          "etag": node.etag}, notify=True, remote=False, written=True)
+
     # ------------------------------------------------------------ removing
 
     def delete(self, vs: ViewState, key: str, *, remote: bool = True, notify: bool = True) -> None:
@@ -395,8 +419,7 @@ class Tree(PropertyLayout):
             vs.unshown.pop(key, None)
         if vs.by is not None:
             node = self.find(vs, key)
-            vs.values.pop(key, None)
-            vs.placed.pop(key, None)
+            self.layout.forget(vs, key)
             if node is not None and not node.is_dir:
                 self.remove(node, notify)
             return
@@ -424,9 +447,8 @@ class Tree(PropertyLayout):
         vs = parent.view
         if vs is not None and vs.by is not None:
             key = node.key
-            if vs.placed.get(key) is not None and self.find(vs, key) is node:
-                del vs.placed[key]
-                vs.values.pop(key, None)
+            if self.layout.placed_at(vs, key) is not None and self.find(vs, key) is node:
+                self.layout.forget(vs, key)
         self.table.detach(node)
         if notify and self._known(parent):
             self.notifier.entry(parent.ino, node.name)
@@ -463,14 +485,14 @@ class Tree(PropertyLayout):
         for f in doomed:
             if not f.gone:
                 self.remove(f)
-        knowns = (vs.unshown, vs.values, vs.placed) if vs.by is not None else (vs.unshown,)
-        for known in knowns:
-            for key in [k for k in known if k not in seen]:
-                del known[key]
+        for key in [k for k in vs.unshown if k not in seen]:
+            del vs.unshown[key]
+        if vs.by is not None:
+            self.layout.sweep(vs, seen)
 
     def find(self, vs: ViewState, key: str) -> Node | None:
         if vs.by is not None:  # where its file is (its values may have changed meanwhile)
-            dirs = vs.placed.get(key)
+            dirs = self.layout.placed_at(vs, key)
             rel = key_path(vs.root, True, key)
             path = None if dirs is None or rel is None else (dirs, rel)
         else:

@@ -23,6 +23,7 @@ from ..cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_only, store_failure
 from .handles import FileHandle, Handles
 from .inodes import File, InodeTable, Node, key_for, looked_up_again, writable_dir
+from .layout import PropertyLayout
 from .properties import final_tags
 from .tree import Tree
 from .uploads import Uploads
@@ -43,12 +44,14 @@ COPY_PIECE = 0xFFFFFFFF & ~0xFFF
 class Writes:
     """create, write, flush, fsync and truncate of dirty files."""
 
-    def __init__(self, table: InodeTable, catalog, handles: Handles, tree: Tree, views: Views,
-                 uploads: Uploads, dirty, cache, store, settings):
+    def __init__(self, table: InodeTable, catalog, handles: Handles, tree: Tree,
+                 layout: PropertyLayout, views: Views, uploads: Uploads, dirty, cache, store,
+                 settings):
         self.table = table
         self.catalog = catalog
         self.handles = handles
         self.tree = tree
+        self.layout = layout
         self.views = views
         self.uploads = uploads
         self.dirty = dirty
@@ -171,7 +174,7 @@ class Writes:
                 raise
             self.table.ref(existing)
             return fh, existing
-        implied = self.tree.implied_tags(parent, key)  # layout by properties: tags from its directories
+        implied = self.layout.implied_tags(parent, key)  # layout by properties: tags from its directories
         self._orphan_others(vs.bucket, key)
         try:
             entry = self.dirty.take(vs.bucket, key, view=vs.name, base="", truncate=True)
