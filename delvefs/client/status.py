@@ -37,11 +37,12 @@ def views_report(core) -> list[dict]:
     now = trio.current_time()
     views = []
     for vs in core.views:
-        fresh = None if not vs.listed or vs.fresh_at == float("-inf") else round(now - vs.fresh_at, 3)
-        views.append({"name": vs.name, "bucket": vs.bucket, "root": vs.root, "id": vs.id,
-                      "listed": vs.listed, "version": vs.version, "ttl": vs.ttl,
-                      "refreshed_ago": fresh, "refreshing": vs.refreshing is not None,
-                      "stale": vs.stale, "stale_since": vs.stale_since if vs.stale is not None else None,
+        li = vs.listing
+        fresh = None if not li.listed or li.fresh_at == float("-inf") else round(now - li.fresh_at, 3)
+        views.append({"name": vs.name, "bucket": vs.bucket, "root": vs.root, "id": li.id,
+                      "listed": li.listed, "version": li.version, "ttl": vs.ttl,
+                      "refreshed_ago": fresh, "refreshing": li.refreshing is not None,
+                      "stale": li.stale, "stale_since": li.stale_since if li.stale is not None else None,
                       "unshown": len(vs.unshown)})
     return views
 

@@ -265,7 +265,7 @@ async def test_etag_revalidation_after_ttl(make_world, mock_clock):
     # changed in S3 while the handler has not told us yet: the HEAD notices it
     w.store.put("b", "data/a", b"version 2")
     mock_clock.jump(2.5)
-    w.fs.views[0].fresh_at = mock_clock.current_time()  # keep the listing "fresh" and old
+    w.fs.views[0].listing.fresh_at = mock_clock.current_time()  # keep the listing "fresh" and old
     node = await w.path("v/a")
     assert node.etag != w.store.objects[("b", "data/a")]["etag"]
     assert await w.read("v/a") == b"version 2"
@@ -421,7 +421,7 @@ async def test_a_first_listing_waits_for_the_bucket_scan_its_waiters_share(make_
     assert [n.size for n in found] == [1, 1, 1]
     assert trio.current_time() - start == pytest.approx(25, abs=0.1)
     assert len(attempts) == 3  # one listing, asking again each time the handler held it 10 s
-    assert w.fs.views[0].lists == 1
+    assert w.fs.views[0].listing.lists == 1
     waits = [r for r in caplog.records if "waiting for the event handler's first scan" in r.message]
     assert len(waits) == 2 and "bucket b" in waits[0].message
     assert (await w.path("v/a")).size == 1

@@ -169,12 +169,12 @@ async def test_a_handler_that_lost_its_state_gets_the_views_again_and_a_relistin
     clock.jump(TTL + 0.5)
     assert sorted(await w.names("v")) == ["a", "c"]
     assert len(registered) == 1 and w.handler.calls["register"] == 2
-    assert w.fs.views[0].lists == 2 and b.gone
+    assert w.fs.views[0].listing.lists == 2 and b.gone
     assert await stale_xattr(w) == "0"
     assert len(views_log("does not know it")) == 1
     clock.jump(TTL + 0.5)               # then deltas again
     w.add("v", "data/d", b"d")
-    assert sorted(await w.names("v")) == ["a", "c", "d"] and w.fs.views[0].lists == 2
+    assert sorted(await w.names("v")) == ["a", "c", "d"] and w.fs.views[0].listing.lists == 2
 
 
 async def test_a_lost_state_rescanning_keeps_the_last_listing_until_the_scan_is_done(

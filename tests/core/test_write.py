@@ -403,7 +403,7 @@ async def test_view_and_sync_xattrs(make_world):
     assert await w.fs.listxattr(top.ino) == ["user.delvefs.view", "user.delvefs.stale"]
     info = json.loads(await w.fs.getxattr(top.ino, "user.delvefs.view"))
     assert info == {"id": "id-v", "name": "v", "handler": None, "shard": None, "handlers": None,
-                    "bucket": "b", "root": "data/", "layout": "tree", "version": w.fs.views[0].version}
+                    "bucket": "b", "root": "data/", "layout": "tree", "version": w.fs.views[0].listing.version}
     flat = json.loads(await w.fs.getxattr((await w.path("f")).ino, "user.delvefs.view"))
     assert flat["layout"] == "flat"
     # a change the mount has not fetched (ttl not over): sync fetches it now
@@ -412,7 +412,7 @@ async def test_view_and_sync_xattrs(make_world):
     version = w.handler.views["id-v"]["version"]
     assert await w.names("v") == []
     await w.fs.setxattr(top.ino, "user.delvefs.sync", str(version).encode())
-    assert await w.names("v") == ["new"] and w.fs.views[0].version >= version
+    assert await w.names("v") == ["new"] and w.fs.views[0].listing.version >= version
     calls = w.handler.calls["changes"]
     await w.fs.setxattr(top.ino, "user.delvefs.sync", b"1")   # older: at once
     assert w.handler.calls["changes"] == calls
@@ -620,7 +620,7 @@ async def test_rmdir_fails_while_s3_holds_a_file_below_that_a_refresh_would_show
     w.store.put("b", "data/d/late", b"late")              # another client's, not listed here
     w.store.put("b", "data/d/bad//name", b"x")            # one no view can show: does not count
     assert await errno_of(w.fs.rmdir(top.ino, "d")) == errno.ENOTEMPTY
-    assert w.fs.views[0].deltas >= 1                       # it asked for a refresh
+    assert w.fs.views[0].listing.deltas >= 1                       # it asked for a refresh
     w.sync_handler("v", "data/d/late")                     # the handler learns of it
     await w.fs.listings.refresh_now(w.fs.views[0])
     assert await w.names("v/d") == ["late"]

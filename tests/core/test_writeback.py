@@ -93,7 +93,7 @@ async def test_an_open_that_finds_s3_ahead_leaves_a_new_inode_for_the_next_one(
     a = await w.path("v/a")
     w.store.put("b", "data/a", b"version 2")       # the handler has not told the mount yet
     mock_clock.jump(2.5)
-    w.fs.views[0].fresh_at = mock_clock.current_time()  # the listing "fresh" and old
+    w.fs.views[0].listing.fresh_at = mock_clock.current_time()  # the listing "fresh" and old
     with pytest.raises(FsError) as e:              # the HEAD after ttl notices it; the kernel
         await w.fs.open(a.ino, 0)                   # holds the old size: another inode, and
     assert e.value.errno == errno.ESTALE             # the kernel looks the name up again

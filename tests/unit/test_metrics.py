@@ -60,12 +60,15 @@ def fake_core(**over):
                       evictions=1, bytes=4096, limit=1 << 30)
     dirty = SimpleNamespace(entries=lambda: [SimpleNamespace(size=10), SimpleNamespace(size=32)])
     report = [{"state": "pending"}, {"state": "failed"}, {"state": "failed"}, {"state": "conflict"}]
-    view_state = SimpleNamespace(name="data", bucket="b1", root="data", id="v1", listed=True,
-                                 version=3, ttl=2.0, fresh_at=0.0, refreshing=None,
-                                 stale="the handler does not answer", stale_since=1.0, unshown=())
-    never = SimpleNamespace(name="raw", bucket="b2", root="raw", id=None, listed=False, version=0,
-                            ttl=2.0, fresh_at=float("-inf"), refreshing=None, stale=None,
-                            stale_since=None, unshown=())
+    view_state = SimpleNamespace(name="data", bucket="b1", root="data", ttl=2.0, unshown=(),
+                                 listing=SimpleNamespace(id="v1", listed=True, version=3,
+                                                         fresh_at=0.0, refreshing=None,
+                                                         stale="the handler does not answer",
+                                                         stale_since=1.0))
+    never = SimpleNamespace(name="raw", bucket="b2", root="raw", ttl=2.0, unshown=(),
+                            listing=SimpleNamespace(id=None, listed=False, version=0,
+                                                    fresh_at=float("-inf"), refreshing=None,
+                                                    stale=None, stale_since=None))
     core = SimpleNamespace(cache=cache, dirty=dirty, upload_report=lambda: report,
                            uploads=SimpleNamespace(count=9, conflicts=[{}]),
                            views=[view_state, never])

@@ -140,8 +140,9 @@ def test_shards_owner_answers_for_any_bucket_without_a_shard_answering(capsys):
 def test_the_view_xattr_names_the_serving_shards_url_and_the_whole_map(monkeypatch):
     with SyncHandlerClient(MAP, "token") as client:
         xattrs = Xattrs(None, None, None, None, None, client)
-        view = types.SimpleNamespace(id="0123456789abcdef", name="v", bucket="genomes", root="",
-                                     by=None, flat=False, version=3)
+        listing = types.SimpleNamespace(id="0123456789abcdef", version=3)
+        view = types.SimpleNamespace(name="v", bucket="genomes", root="", by=None, flat=False,
+                                     listing=listing)
         info = xattrs.view_info(view)
         assert (info["handler"], info["shard"], info["handlers"]) == ("http://h2:8731", "b", client.base_url)
         view.bucket = "reads"  # shard c; after a failover to a's standby, a's view says so

@@ -7,8 +7,8 @@ of the views file) changes them, without an await. A dropped or replaced ViewSta
 ``retired``: no longer refreshed, its open files served as they are, its dirty files
 uploaded all the same (``can_match`` says yes), and ``by_name`` keeps it until its name is
 used again. The fields of a ViewState are changed by the parts that own what they stand
-for: ``Views`` (registration, versions, freshness), ``Tree`` (the overlay, the unshown
-keys), ``PropertyLayout`` (``places``).
+for: ``Views`` (``listing``: registration, versions, freshness), ``Tree`` (the overlay,
+the unshown keys), ``PropertyLayout`` (``places``).
 """
 from __future__ import annotations
 
@@ -93,6 +93,27 @@ class Refresh:
         self.first = first  # the view's first listing (waited for, however long it takes)
 
 
+class Listing:
+    """What the mount knows of a view's listing at the handler (the ``Views`` part's
+    alone: registration, versions, freshness, outages)."""
+    __slots__ = ("id", "version", "listed", "fresh_at", "refreshing", "relist", "stale",
+                 "stale_since", "retry_at", "retry_delay", "lists", "deltas")
+
+    def __init__(self):
+        self.id: str | None = None
+        self.version = 0
+        self.listed = False
+        self.fresh_at = float("-inf")
+        self.refreshing: Refresh | None = None
+        self.relist = False  # the handler lost the view: list it again rather than a delta
+        self.stale: str | None = None  # why the handler gave no refresh lately (else None)
+        self.stale_since = 0.0  # wall-clock time of the outage's start
+        self.retry_at = float("-inf")  # a stale view's next refresh starts no earlier
+        self.retry_delay = RETRY_FIRST
+        self.lists = 0  # statistics (tests, logs)
+        self.deltas = 0
+
+
 class ViewState:
     """One mounted view: its definition, the handler's id and version, its top dir."""
 
@@ -118,20 +139,9 @@ class ViewState:
         self.overlay: dict[str, Pending] = {}  # key -> local change not yet seen in a delta
         self.ttl = float(view.ttl)
         self.writable = bool(view.writable)
-        self.id: str | None = None
-        self.version = 0
-        self.listed = False
-        self.fresh_at = float("-inf")
-        self.refreshing: Refresh | None = None
-        self.relist = False  # the handler lost the view: list it again rather than a delta
-        self.stale: str | None = None  # why the handler gave no refresh lately (else None)
-        self.stale_since = 0.0  # wall-clock time of the outage's start
-        self.retry_at = float("-inf")  # a stale view's next refresh starts no earlier
-        self.retry_delay = RETRY_FIRST
+        self.listing = Listing()  # the handler's id, version and freshness (views.py's)
         self.top: Dir | None = None
         self.retired = False  # dropped or replaced by a reload of the views file
-        self.lists = 0  # statistics (tests, logs)
-        self.deltas = 0
 
 
     def remember_cut(self, name: str, full: str) -> None:
@@ -141,10 +151,11 @@ class ViewState:
 
 def stale_text(vs: ViewState) -> str:
     """``user.delvefs.stale``: "0", or "1 since <UTC time>: <reason>"."""
-    if vs.stale is None:
+    li = vs.listing
+    if li.stale is None:
         return "0"
-    since = datetime.fromtimestamp(vs.stale_since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"1 since {since}: {vs.stale}"
+    since = datetime.fromtimestamp(li.stale_since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"1 since {since}: {li.stale}"
 
 
 class ViewCatalog:

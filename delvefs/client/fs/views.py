@@ -77,7 +77,7 @@ class Views:
         by_name = {v["name"]: v for v in answer}
         for vs in views:
             if vs.name in by_name:
-                vs.id = by_name[vs.name]["id"]
+                vs.listing.id = by_name[vs.name]["id"]
 
     async def reload(self, views, proofs: dict) -> dict:
         """Replace the mount's views by ``views`` (its views file, read again and valid):
@@ -119,7 +119,7 @@ class Views:
                 if vs is None or vs.retired:
                     vs = ViewState(v, i)
                     self.tree.add_view(vs)
-                vs.id = ids[v.name]
+                vs.listing.id = ids[v.name]
                 states.append(vs)
             # a dropped view's dirty files are still uploaded: the catalog keeps it by name
             # until its name is used again
@@ -132,7 +132,7 @@ class Views:
                      *(", ".join(names) or "none" for names in (added, removed, changed)))
             # registrations no view of this mount uses any more
             unregister = getattr(self.handler, "unregister", None)
-            for view_id in {vs.id for vs in retired} - set(ids.values()) - {None}:
+            for view_id in {vs.listing.id for vs in retired} - set(ids.values()) - {None}:
                 if unregister is None:
                     break
                 try:
@@ -165,7 +165,7 @@ class Views:
     def due(self, vs: ViewState) -> bool:
         """Whether ``fresh`` has anything to do for ``vs`` (a view dropped by a reload
         never has: its open files are served as they are)."""
-        return not (vs.listed and trio.current_time() - vs.fresh_at < vs.ttl or vs.retired)
+        return not (vs.listing.listed and trio.current_time() - vs.listing.fresh_at < vs.ttl or vs.retired)
 
     async def fresh(self, vs: ViewState) -> None:
         """Make ``vs`` recent enough for an operation: list it (first use; its error is
@@ -174,19 +174,19 @@ class Views:
         if not self.due(vs):
             return
         now = trio.current_time()
-        r = vs.refreshing
+        r = vs.listing.refreshing
         if r is None:
-            if vs.listed and now < vs.retry_at:
+            if vs.listing.listed and now < vs.listing.retry_at:
                 return  # stale, and the next attempt is not due yet
             r = self.start_refresh(vs)
         if r.first:
             await r.done.wait()
-            if r.error is not None and not vs.listed:
+            if r.error is not None and not vs.listing.listed:
                 raise FsError(r.error.errno, str(r.error), logged=True)
             return
         with trio.move_on_at(r.started + self.stale_after):
             await r.done.wait()
-        if not r.done.is_set() and vs.stale is None:  # (else keep the reason of the outage)
+        if not r.done.is_set() and vs.listing.stale is None:  # (else keep the reason of the outage)
             self._mark_stale(vs, f"a refresh has taken more than {self.stale_after:g} s")
 
     async def fresh_for(self, node: Node) -> None:
@@ -201,7 +201,7 @@ class Views:
         return vs is not None and self.due(vs)
 
     def start_refresh(self, vs: ViewState) -> Refresh:
-        r = vs.refreshing = Refresh(trio.current_time(), first=not vs.listed)
+        r = vs.listing.refreshing = Refresh(trio.current_time(), first=not vs.listing.listed)
         # a system task: it outlives the operation that started it, and needs no nursery
         # of the mount's
         trio.lowlevel.spawn_system_task(self._refresh, vs, r, name=f"refresh of view {vs.name}")
@@ -223,7 +223,7 @@ class Views:
         finally:
             if not succeeded and r.error is None:  # cancelled (the mount ends)
                 r.error = FsError(errno.EIO, f"refreshing view {vs.name}: cancelled", logged=True)
-            vs.refreshing = None
+            vs.listing.refreshing = None
             r.done.set()
         if succeeded:
             self._answered(vs)
@@ -231,8 +231,8 @@ class Views:
     async def _refresh_once(self, vs: ViewState) -> None:
         registrations = self.registrations
         try:
-            if not vs.listed or vs.relist:
-                await self._list(vs, resync=vs.listed)
+            if not vs.listing.listed or vs.listing.relist:
+                await self._list(vs, resync=vs.listing.listed)
             else:
                 await self._delta(vs)
         except HandlerError as exc:
@@ -240,12 +240,12 @@ class Views:
                 raise
             # the handler does not know the view: it lost its state. Its versions start
             # anew, so the view is listed again (also if that fails now: at the next refresh)
-            vs.relist = vs.listed
+            vs.listing.relist = vs.listing.listed
             if self.registrations == registrations:  # (else someone registered meanwhile)
                 log.warning("view %s: the event handler does not know it (%s): registering the "
                             "views again", vs.name, exc)
                 await self._register_again()
-            await self._list(vs, resync=vs.listed)
+            await self._list(vs, resync=vs.listing.listed)
 
     def _reason(self, vs: ViewState, exc: HandlerError) -> str:
         if exc.code == "scanning":
@@ -256,27 +256,27 @@ class Views:
 
     def _mark_stale(self, vs: ViewState, reason: str) -> None:
         """The handler gave no refresh of ``vs``: logged at the start of an outage."""
-        if vs.stale is None:
-            vs.stale_since = time.time()
-            if vs.listed:
+        if vs.listing.stale is None:
+            vs.listing.stale_since = time.time()
+            if vs.listing.listed:
                 log.warning("view %s is stale: %s; serving its last listing until the event "
                             "handler answers", vs.name, reason)
             else:
                 log.warning("view %s: no listing: %s", vs.name, reason)
-        vs.stale = reason
+        vs.listing.stale = reason
 
     def _failed(self, vs: ViewState, reason: str) -> None:
         self._mark_stale(vs, reason)
-        vs.retry_at = trio.current_time() + vs.retry_delay
-        vs.retry_delay = min(vs.retry_delay * 2, RETRY_MAX)
+        vs.listing.retry_at = trio.current_time() + vs.listing.retry_delay
+        vs.listing.retry_delay = min(vs.listing.retry_delay * 2, RETRY_MAX)
 
     def _answered(self, vs: ViewState) -> None:
-        vs.retry_at = float("-inf")
-        vs.retry_delay = RETRY_FIRST
-        if vs.stale is not None:
+        vs.listing.retry_at = float("-inf")
+        vs.listing.retry_delay = RETRY_FIRST
+        if vs.listing.stale is not None:
             log.info("view %s is fresh again (stale for %.0f s)", vs.name,
-                     time.time() - vs.stale_since)
-            vs.stale = None
+                     time.time() - vs.listing.stale_since)
+            vs.listing.stale = None
 
     async def _page(self, vs: ViewState, after: str | None, scan_until: float) -> dict:
         """A page of ``vs``'s listing. While the handler's first scan of the bucket runs, a
@@ -286,11 +286,11 @@ class Views:
             try:
                 # the first page after what the handler's broker held: a mount started after
                 # a PUT returned lists its object (docs/SEMANTICS.md, read-your-writes)
-                return await self.handler.list_page(vs.id, after, self.page_size, hold=not vs.listed,
+                return await self.handler.list_page(vs.listing.id, after, self.page_size, hold=not vs.listing.listed,
                                                     fresh=after is None)
             except HandlerUnavailable as exc:
                 now = trio.current_time()
-                if exc.code != "scanning" or vs.listed or now >= scan_until:
+                if exc.code != "scanning" or vs.listing.listed or now >= scan_until:
                     raise
                 log.info("view %s: waiting for the event handler's first scan of bucket %s "
                          "(%s objects listed so far); the view's first listing waits up to "
@@ -300,7 +300,7 @@ class Views:
     async def _list(self, vs: ViewState, *, resync: bool) -> None:
         started = trio.current_time()
         scan_until = started + self.scan_wait
-        vs.lists += 1
+        vs.listing.lists += 1
         first_version = None
         seen: set[str] | None = set() if resync else None
         # pages are fetched one ahead: the handler produces page k+1 while page k is applied
@@ -332,18 +332,18 @@ class Views:
         if seen is not None:
             seen.update(self.tree.pending_keys(vs))
             self.tree.sweep(vs, seen)
-        vs.version = first_version
-        vs.listed = True
-        vs.relist = False
+        vs.listing.version = first_version
+        vs.listing.listed = True
+        vs.listing.relist = False
         await self._delta(vs, started=started, allow_resync=False)
 
     async def _delta(self, vs: ViewState, *, started: float | None = None,
                      allow_resync: bool = True) -> None:
         started = trio.current_time() if started is None else started
-        vs.deltas += 1
+        vs.listing.deltas += 1
         try:
             while True:
-                r = await self.handler.changes(vs.id, vs.version, self.page_size)
+                r = await self.handler.changes(vs.listing.id, vs.listing.version, self.page_size)
                 changes = r["changes"]
                 for ch in changes:
                     if ch["op"] == "put" and ch.get("object"):
@@ -351,20 +351,20 @@ class Views:
                     elif ch["op"] == "delete":
                         self.tree.delete(vs, ch["key"])
                 more = bool(r.get("more")) and bool(changes)
-                vs.version = changes[-1]["v"] if more else r["version"]
+                vs.listing.version = changes[-1]["v"] if more else r["version"]
                 if not more:
                     break
         except Resync:
             if not allow_resync:
                 raise HandlerError(f"view {vs.name}: handler asks to resync right after a listing")
-            log.info("view %s: version %s too old, listing again", vs.name, vs.version)
+            log.info("view %s: version %s too old, listing again", vs.name, vs.listing.version)
             await self._list(vs, resync=True)
             return
-        vs.fresh_at = started
+        vs.listing.fresh_at = started
 
     async def refresh_now(self, vs: ViewState) -> FsError | None:
         """A refresh of ``vs`` now, whatever its ttl (or the one under way); its error."""
-        r = vs.refreshing or self.start_refresh(vs)
+        r = vs.listing.refreshing or self.start_refresh(vs)
         await r.done.wait()
         return r.error
 
@@ -387,9 +387,9 @@ class Views:
         except ValueError:
             raise FsError(errno.EINVAL, "user.delvefs.sync wants a version number (or \"now\")") from None
         for _ in range(2):
-            if vs.listed and vs.version >= version:
+            if vs.listing.listed and vs.listing.version >= version:
                 return
-            r = vs.refreshing or self.start_refresh(vs)
+            r = vs.listing.refreshing or self.start_refresh(vs)
             await r.done.wait()
             if r.error is not None:
                 raise FsError(r.error.errno, str(r.error), logged=True)

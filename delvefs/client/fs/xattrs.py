@@ -55,10 +55,10 @@ class Xattrs:
         (then ``layout_by``: the property names, one directory level each, in order)."""
         serving = getattr(self.handler, "serving", None)
         shard, url = serving(vs.bucket) if serving is not None else (None, None)
-        info = {"id": vs.id, "name": vs.name, "handler": url, "shard": shard,
+        info = {"id": vs.listing.id, "name": vs.name, "handler": url, "shard": shard,
                 "handlers": getattr(self.handler, "base_url", None), "bucket": vs.bucket,
                 "root": vs.root, "layout": "by" if vs.by else "flat" if vs.flat else "tree",
-                "version": vs.version}
+                "version": vs.listing.version}
         if vs.by:
             info["layout_by"] = list(vs.by)
         return info
@@ -72,7 +72,7 @@ class Xattrs:
         if node.is_dir:
             vs = node.view
             if vs is not None and node is vs.top and name == "user.delvefs.view":
-                if not vs.listed:  # a version means something once the view is listed
+                if not vs.listing.listed:  # a version means something once the view is listed
                     await self.views.fresh(vs)
                 return json.dumps(self.view_info(vs)).encode()
             if vs is not None and node is vs.top and name == "user.delvefs.stale":
