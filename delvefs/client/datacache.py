@@ -127,6 +127,11 @@ class DataCache:
         self.hits = self.misses = self.hit_bytes = self.miss_bytes = 0
         self.waits = 0
 
+    def take_recovered(self) -> list[dict]:
+        """The journal's records found at the start, handed over once (to the write side)."""
+        records, self.recovered = self.recovered, []
+        return records
+
     # the bound's figures, as the cache's
     @property
     def bytes(self) -> int:

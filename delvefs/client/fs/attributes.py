@@ -125,7 +125,7 @@ class Attributes:
             ref(node)
 
     def releasedir(self, fh: int) -> None:
-        self.handles.dirs.pop(fh, None)
+        self.handles.drop_dir(fh)
 
     def statfs(self) -> dict:
         files = 1 << 32

@@ -50,6 +50,8 @@ import os
 import struct
 import time
 
+import trio
+
 from ..cacheentry import CacheEntry
 from ..datacache import DataCache
 from ..errors import cache_file_error
@@ -135,9 +137,8 @@ class RangesLog:
 class DirtyFiles:
     def __init__(self, cache: DataCache):
         self.cache = cache
+        self._records = cache.journal  # the records of dirty files: this part writes them
         self.logs: dict[str, RangesLog] = {}  # file name -> ranges log of a sparse entry
-        # file name -> (gen, ETag) of a rebuild whose completion went unanswered
-        self.unanswered: dict[str, tuple[int, str]] = {}
 
     def _log(self, entry: CacheEntry) -> RangesLog | None:
         return self.logs.get(os.path.basename(entry.path))
@@ -217,7 +218,7 @@ class DirtyFiles:
         else:
             r.pop("source", None)
             r.pop("source_len", None)
-        self.cache.journal.write(r)
+        self._records.write(r)
         entry.journaled = True  # only once it is on disk: a failed write is tried again
 
     def persist(self, entry: CacheEntry) -> None:
@@ -232,12 +233,20 @@ class DirtyFiles:
     def _unjournal(self, entry: CacheEntry) -> None:
         if entry.meta is not None:
             if entry.journaled:
-                self.cache.journal.remove(entry.meta)
+                self._records.remove(entry.meta)
             entry.meta = None
             entry.journaled = False
         lg = self.logs.pop(os.path.basename(entry.path), None)
         if lg is not None:
             lg.close(remove=True)  # after the record: a log without one is never needed
+
+    async def run_removals(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background: the records of uploaded files removed in batches (``Journal``)."""
+        await self._records.run_removals(task_status=task_status)
+
+    def settle_removals(self) -> None:
+        """Blocking: the records left to the background removed now."""
+        self._records.remove_doomed()
 
     def add_writer(self, entry: CacheEntry) -> None:
         """A handle opened for writing (it holds the entry open too)."""
@@ -367,7 +376,7 @@ class DirtyFiles:
     def restore(self) -> list[CacheEntry]:
         """The dirty entries an earlier mount of this cache directory journaled (the
         records ``DataCache`` found at its start): in the cache again, to be uploaded."""
-        records, self.cache.recovered = self.cache.recovered, []
+        records = self.cache.take_recovered()
         restored = []
         for r in records:
             entry = CacheEntry(r["bucket"], r["key"], str(self.cache.dir / r["file"]))
@@ -378,7 +387,7 @@ class DirtyFiles:
                 if changed is None:
                     log.info("journal record of %s/%s: uploaded before the mount ended (its "
                              "ranges log was removed): dropped", r["bucket"], r["key"])
-                    self.cache.journal.remove(r)
+                    self._records.remove(r)
                     try:
                         os.unlink(entry.path)
                     except FileNotFoundError:

@@ -57,6 +57,13 @@ class Handles:
         self.dirs[fh] = h
         return fh
 
+    def drop_file(self, fh: int) -> FileHandle | None:
+        """Forget file handle ``fh`` (released); the handle, if it was open."""
+        return self.files.pop(fh, None)
+
+    def drop_dir(self, fh: int) -> None:
+        self.dirs.pop(fh, None)
+
     def file(self, fh: int) -> FileHandle:
         h = self.files.get(fh)
         if h is None:

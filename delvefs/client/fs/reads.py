@@ -253,7 +253,7 @@ class Reads:
         return os.pread(fd, size, off)
 
     async def release(self, fh: int) -> None:
-        h = self.handles.files.pop(fh, None)
+        h = self.handles.drop_file(fh)
         if h is None:
             return
         if h.fd is not None:

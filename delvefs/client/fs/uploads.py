@@ -91,6 +91,8 @@ class Uploads:
         self._failures: dict[str, str] = {}      # file -> why its last upload failed
         self.conflicts: list[dict] = []          # conflict copies made by this mount
         self._streams: dict = {}                 # file -> PartStream (parts sent while written)
+        # file -> (gen, ETag) of a rebuild whose completion went unanswered
+        self._unanswered: dict[str, tuple[int, str]] = {}
         self._bg: trio.Nursery | None = None     # the uploader's nursery (background sends)
         # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
         self._own_tags: collections.OrderedDict = collections.OrderedDict()
@@ -239,7 +241,7 @@ class Uploads:
                                  upload_part=part)
             if any(p.copy for p in parts):
                 name, gen = os.path.basename(entry.path), entry.gen
-                prior = self.dirty.unanswered.pop(name, None)
+                prior = self._unanswered.pop(name, None)
                 if prior is not None and prior[0] == gen:
                     # the last try's completion went unanswered: S3 may have the object
                     # already, and then its source (the base) is gone
@@ -253,7 +255,7 @@ class Uploads:
                         return {"etag": prior[1], "size": size, "mtime": None}
 
                 def unanswered(etag: str) -> None:
-                    self.dirty.unanswered[name] = (gen, etag)
+                    self._unanswered[name] = (gen, etag)
                 etag = await rebuild.rebuild(self.store, self.cache, entry, parts, source,
                                              tags=tags, content_type=ctype, base=base,
                                              unanswered=unanswered)
@@ -378,7 +380,7 @@ class Uploads:
         retried with backoff (1 s doubling up to 60 s). Runs the DELETE batches beside it."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.deletes.run)
-            await nursery.start(self.cache.journal.run_removals)
+            await nursery.start(self.dirty.run_removals)
             self._bg = nursery
             task_status.started()
             started: set[str] = set()
@@ -505,7 +507,7 @@ class Uploads:
             state, reason = self.upload_state(entry)
             if state == "conflict":
                 failures.append(f"{self._entry_path(entry)}: conflict copy (not uploaded): {reason}")
-        await trio.to_thread.run_sync(self.cache.journal.remove_doomed)  # the journal settled too
+        await trio.to_thread.run_sync(self.dirty.settle_removals)  # the journal settled too
         return failures
 
     # ------------------------------------------------------- mount and unmount
@@ -549,7 +551,7 @@ class Uploads:
         if self.deletes:
             for (bucket, key), reason in (await self.deletes.send_all()).items():
                 failed.append(f"{bucket}/{key}: DELETE failed: {reason}")
-        await trio.to_thread.run_sync(self.cache.journal.remove_doomed)
+        await trio.to_thread.run_sync(self.dirty.settle_removals)
         return failed, sorted(scratch)
 
     def conflict_copies(self) -> list[str]:
