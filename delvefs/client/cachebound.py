@@ -59,6 +59,10 @@ class CacheBound:
         self._free_seen = 0
         self._punch_warned = False
 
+    def set_block_size(self, size: int) -> None:
+        """Blocks of ``size`` bytes from now on (set before anything is cached)."""
+        self.block_size = size
+
     # ------------------------------------------------------------------ accounting
 
     def recount(self, entry: CacheEntry, n: int) -> None:

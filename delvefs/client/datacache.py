@@ -151,7 +151,7 @@ class DataCache:
 
     @block_size.setter
     def block_size(self, size: int) -> None:
-        self.bound.block_size = size
+        self.bound.set_block_size(size)
 
     def _path(self, bucket: str, key: str) -> str:
         """A new file name for a version of ``bucket/key`` (never reused: a fetch of an old
@@ -558,6 +558,16 @@ class DataCache:
         self._recount(entry)
         if not entry.dirty:
             self._as_blocks(entry)
+
+    def pin(self, entry: CacheEntry, pin: tuple[int, int]) -> None:
+        """Bytes ``pin`` of ``entry`` are never evicted until ``unpin``."""
+        entry.pinned.append(pin)
+
+    def unpin(self, entry: CacheEntry, pin: tuple[int, int]) -> None:
+        try:
+            entry.pinned.remove(pin)
+        except ValueError:
+            pass
 
     def resize(self, entry: CacheEntry, size: int) -> None:
         entry.size = size

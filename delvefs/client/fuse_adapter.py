@@ -148,10 +148,9 @@ class Adapter(pyfuse3.Operations):
         # FUSE passthrough (delvefs.client.passthrough); the kernel does not combine it
         # with the writeback cache; ``core.passthrough``: for `delvefs status`
         self.passthrough = _passthrough(core)
-        try:
-            core.passthrough = self.passthrough
-        except AttributeError:
-            pass  # (a stand-in core of a test)
+        attach = getattr(core, "attach_passthrough", None)  # (not on a stand-in core of a test)
+        if attach is not None:
+            attach(self.passthrough)
         self.enable_passthrough = self.passthrough.wanted
 
     def _attrs(self, node) -> pyfuse3.EntryAttributes:

@@ -98,6 +98,10 @@ class Failover:
     def attempts(self) -> "Attempts":
         return Attempts(self)
 
+    def use(self, index: int) -> None:
+        """The handler at ``urls[index]`` answered: requests start there from now on."""
+        self.current = index
+
 
 class Attempts:
     """One request's way through the handler URLs, from the current one on: iterate the
@@ -129,7 +133,7 @@ class Attempts:
             self.standby = resp
             self.failures.append(f"{self.failover.urls[self.index]}: standby")
             return False
-        self.failover.current = self.index
+        self.failover.use(self.index)
         return True
 
     def outcome(self) -> httpx.Response:

@@ -6,10 +6,13 @@ A dirty file's record (``<cache-dir>/journal/<file>.json``, written by
 key and the version it is based on. A file's first record is created and written by one
 write(2) (an eager untar journals every file: a tmp file and a rename cost several times
 that); a record written again replaces the old one by tmp + rename (never half a record).
-Not fsync'd: they outlive the process, not a kernel crash. A record whose data file is
-missing, or that cannot be parsed (empty: its mount died between creating and writing it,
-before any byte of its file was accepted), is dropped with a warning when the journal is
-read; a ``.tmp`` left by a mount that died while writing one is removed.
+Not fsync'd: they outlive the process, not a kernel crash — but an fsync(2) of an eager
+mount with ``fsync=journal`` makes one record durable (``make_durable``: the record file
+and the journal directory fsync'd, and once per mount the cache directory's own entries).
+A record whose data file is missing, or that cannot be parsed (empty: its mount died
+between creating and writing it, before any byte of its file was accepted), is dropped
+with a warning when the journal is read; a ``.tmp`` left by a mount that died while
+writing one is removed.
 
 Records of uploaded files are removed by a worker thread in batches (``run_removals``):
 the upload path need not wait for an unlink. A record written again before its removal
@@ -51,6 +54,7 @@ class Journal:
         self._doomed_lock = threading.Lock()
         self._doomed_kick: trio.Event | None = None  # set while ``run_removals`` runs
         self._removing = False
+        self._settled = False  # ``make_durable``: the cache directory's entries fsync'd
 
     def __fspath__(self) -> str:
         return str(self.dir)
@@ -62,8 +66,9 @@ class Journal:
                 raise ValueError("data file missing")
         return _read_records(self.dir, usable, "journal")
 
-    def write(self, record: dict) -> None:
-        """Put a dirty file's record on disk. Raises StoreError (the cache disk refused)."""
+    def write(self, record: dict, *, unless_same: bool = False) -> None:
+        """Put a dirty file's record on disk (``unless_same``: not when the file holds
+        exactly this record already). Raises StoreError (the cache disk refused)."""
         name = record["file"] + ".json"
         final = f"{self._dir}/{name}"  # (strings, not Path: every eager close comes here)
         if self._doomed:  # (only the loop adds to it) written again before its removal
@@ -73,6 +78,13 @@ class Journal:
             data = orjson.dumps(record)
         except TypeError:  # a name of bytes that are no UTF-8 (surrogate-escaped): escaped
             data = json.dumps(record).encode()
+        if unless_same:
+            try:
+                with open(final, "rb") as f:
+                    if f.read() == data:
+                        return
+            except OSError:
+                pass  # not there (or unreadable): written
         tmp = None
         try:
             try:
@@ -89,6 +101,41 @@ class Journal:
         except OSError as exc:
             _unlink(tmp if tmp is not None else final)
             raise cache_file_error(exc, f"journal of {record['bucket']}/{record['key']}") from exc
+
+    def make_durable(self, record: dict) -> None:
+        """Blocking (a worker thread): the record as written last (``write``) durable on
+        the local disk — its file fsync'd, then the journal directory (the record's entry:
+        a new record is a new name, a rewritten one a rename). The first call of a mount
+        also makes the cache directory's own entries durable (the journal and data
+        directories, ``owner.json`` by which a mount elsewhere takes the journal over).
+        A record removed meanwhile (its file was uploaded) needs nothing. Raises OSError."""
+        final = f"{self._dir}/{record['file']}.json"
+        for _ in range(3):  # a rewrite (tmp + rename) between the two fsyncs: its file too
+            try:
+                fd = os.open(final, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                ino = None
+            else:
+                try:
+                    os.fsync(fd)
+                    ino = os.fstat(fd).st_ino
+                finally:
+                    os.close(fd)
+            sync_path(self._dir)
+            try:
+                if os.stat(final).st_ino == ino:
+                    break
+            except FileNotFoundError:
+                if ino is None:
+                    break
+        if not self._settled:
+            cache_dir = self.dir.parent
+            for path in (cache_dir / OWNER, cache_dir, cache_dir.parent):
+                try:
+                    sync_path(path)
+                except FileNotFoundError:
+                    pass  # (no owner.json: a cache directory of tests)
+            self._settled = True
 
     def remove(self, record: dict) -> None:
         """Drop a record: at once, or (``run_removals`` running) soon, by a worker thread."""
@@ -201,6 +248,19 @@ def _oldest_first(directory: Path) -> list[Path]:
 # in the names of this process's tmp files: a journal read (at start, by a background
 # task) leaves the ones being written now alone
 _TMP_TAG = f".p{os.getpid()}."
+
+
+def sync_path(path: str | os.PathLike, *, data_only: bool = False) -> None:
+    """Blocking: fsync (``data_only``: fdatasync) the file or directory at ``path``.
+    Raises OSError (FileNotFoundError: it is gone)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if data_only:
+            os.fdatasync(fd)
+        else:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

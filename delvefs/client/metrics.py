@@ -7,7 +7,8 @@ every ``--metrics-interval`` seconds for node_exporter's textfile collector
 as the handler's ``/metrics``): at each scrape it reads what the mount's parts already
 count — FUSE requests by operation (``Timings`` fed by the adapter's request wrapper),
 the data cache's hits, misses and bytes, the files not in S3 yet (the same report as
-``delvefs status``: delvefs/client/status.py), round trips to the handler
+``delvefs status``: delvefs/client/status.py), the S3 requests by operation
+(``S3Store.requests``: delvefs/client/s3async.py), round trips to the handler
 (``HandlerClient.round_trips``) and how long ago each view was last known fresh. Every
 metric carries the ``mountpoint`` label: one node's mounts write files side by side.
 
@@ -76,6 +77,7 @@ class MountMetrics:
                             "FUSE requests answered with an error (ENOENT, EIO, ...), by operation")
         yield from self._cache()
         yield from self._uploads()
+        yield from self._s3()
         yield from _timings(self.round_trips, mp, "request",
                             "delvefs_mount_handler_request_seconds",
                             "round trips to the event handler, by request (standbys tried included)",
@@ -112,8 +114,9 @@ class MountMetrics:
     def _uploads(self):
         core, mp = self.core, self.mountpoint
         files = GaugeMetricFamily("delvefs_mount_uploads",
-                                  "files (and DELETEs) not in S3 yet, by state: pending, uploading, "
-                                  "failed, conflict (as `delvefs status` shows them)",
+                                  "files (and DELETEs) not in S3 yet, by state: waiting (write-back), "
+                                  "pending, uploading, failed, conflict (as `delvefs status` "
+                                  "shows them)",
                                   labels=["mountpoint", "state"])
         for state, n in upload_counts(core.upload_report()).items():
             files.add_metric([mp, state], n)
@@ -121,6 +124,20 @@ class MountMetrics:
         yield _counter("delvefs_mount_uploads_completed", "files uploaded to S3", mp, core.uploads.count)
         yield _counter("delvefs_mount_conflicts", "conflict copies made (S3 had another version)",
                        mp, len(core.uploads.conflicts))
+
+    def _s3(self):
+        """The S3 requests the mount made, by operation (``S3Store.requests``)."""
+        store, mp = getattr(self.core, "store", None), self.mountpoint
+        for name, doc, counts in (
+                ("delvefs_mount_s3_requests", "requests the mount sent to S3, by operation "
+                 "(PutObject, HeadObject, GetObject, DeleteObjects, ...; the S3 client's own "
+                 "retries of one not counted)", getattr(store, "requests", None)),
+                ("delvefs_mount_s3_errors", "of those, the ones that failed",
+                 getattr(store, "errors", None))):
+            c = CounterMetricFamily(name, doc, labels=["mountpoint", "request"])
+            for operation, n in sorted((counts or {}).items()):
+                c.add_metric([mp, operation], n)
+            yield c
 
     def _views(self):
         labels = ["mountpoint", "view", "bucket"]

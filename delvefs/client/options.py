@@ -130,6 +130,25 @@ def _seconds(name: str) -> Callable[[str], float]:
     return parse
 
 
+def _seconds_or_zero(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < float("inf"):
+            raise OptionError(f"{name}={text}: expected a number of seconds, 0 or more")
+        return value
+    return parse
+
+
+def _fsync(text: str) -> str:
+    if text not in ("upload", "journal"):
+        raise OptionError(f"fsync={text}: upload (fsync waits for the upload) or journal "
+                          "(--eager: until the file is durable on the local disk)")
+    return text
+
+
 def _passthrough(text: str) -> str:
     value = {"on": "on", "yes": "on", "true": "on", "1": "on", "rw": "rw",
              "off": "off", "no": "off", "false": "off", "0": "off"}.get(text.lower())
@@ -170,6 +189,16 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 "close returns once the file is safe in the local journal; uploads and batched "
                 "deletes follow in the background ($DELVEFS_UPLOAD_CONCURRENCY at a time, "
                 "default 16); fsync and `delvefs sync` wait for them", default=False),
+    MountOption("write_back", "--write-back", "write_back", _seconds_or_zero("write_back"),
+                "eager mode: a closed file is uploaded once it is left unchanged this many "
+                "seconds (a file removed before costs no request); sync, fsync, unmount and "
+                "the backlog bounds upload sooner; 0: at once (default 2)", default=2.0,
+                metavar="SECONDS"),
+    MountOption("fsync", "--fsync", "fsync", _fsync,
+                "upload: fsync(2) returns once the file is in S3; journal (--eager only): once "
+                "the file and its journal record are durable on the local disk, the upload "
+                "follows in the background (default: upload)", default="upload",
+                metavar="upload|journal"),
     MountOption("read_only", "--read-only", "ro", None,
                 "every view read-only: writes answer EROFS", default=False),
     MountOption("allow_other", "--allow-other", "allow_other", None,
@@ -309,6 +338,8 @@ def read(args) -> dict[str, object]:
         if isinstance(value, str) and option.parse is not None:
             value = option.parse(value)
         values[option.field] = value
+    if values["fsync"] == "journal" and not values["eager"]:
+        raise OptionError("fsync=journal needs --eager (without it close and fsync upload)")
     if values["allow_other"] and values["allow_root"]:
         raise OptionError("allow_other and allow_root exclude each other (allow_other includes root)")
     if values["allow_other"]:

@@ -246,7 +246,7 @@ class Passthrough:
             self._writes_through(fh, h, io)
         cache = self.core.cache
         cache.hold(entry)
-        entry.pinned.append(backing.pin)  # never evicted: the kernel reads the file itself
+        cache.pin(entry, backing.pin)  # never evicted: the kernel reads the file itself
         cache.touch(entry, 0, entry.size)  # (its reads are not seen: read at open and close)
         self.registered += 1
         self._count(fh, ino, io, True)
@@ -400,19 +400,16 @@ class Passthrough:
         except OSError as exc:  # the kernel has let go of it already (unmounted): nothing held
             log.debug("backing id %d: %s", backing.id, exc)
         entry = backing.entry
-        try:
-            entry.pinned.remove(backing.pin)
-        except ValueError:
-            pass
         cache = self.core.cache
+        cache.unpin(entry, backing.pin)
         if cache.get(entry.bucket, entry.key) is entry:
             cache.touch(entry, 0, entry.size)
         cache.release(entry)
 
 
 def report(core) -> dict:
-    """``delvefs status``'s view of passthrough (``core.passthrough``, set by the FUSE
-    adapter; a core without one, as in tests, is off)."""
+    """``delvefs status``'s view of passthrough (``core.passthrough``, attached by the
+    FUSE adapter; a core without one, as in tests, is off)."""
     pt = getattr(core, "passthrough", None)
     if pt is None:
         return {"state": "off", "reason": "no FUSE adapter", "writes": False, "writing_files": 0,

@@ -8,9 +8,15 @@ Errors come out as :class:`StoreError` with an errno (ENOENT, EACCES, EIO, ...; 
 ``delvefs.client.errors``), a 412 as its subclass :class:`Changed`. A ``get_range``
 writer ends its GET by raising :class:`StopGet` (also there: the cache raises it and
 knows no store).
+
+``S3Store.requests`` counts the calls by S3 operation (``PutObject``, ``HeadObject``,
+``GetObjectTagging``, ``DeleteObjects``, ...; ``errors`` those that failed): the mount's
+metrics export them (``delvefs_mount_s3_requests_total``). A call is one request as the
+mount asks it; the client's own retries of it are not counted.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import hashlib
@@ -30,6 +36,15 @@ log = logging.getLogger(__name__)
 
 CLIENT = object()   # placeholders in S3Store._call's arguments
 LEAN = object()     # the lean client (``lean``) if given, else CLIENT
+
+# the S3 operation of each function ``S3Store._call`` runs (its requests counted by it)
+OPERATIONS = {"head_object": "HeadObject", "put_file": "PutObject", "put_bytes": "PutObject",
+              "get_object_tags": "GetObjectTagging", "put_object_tags": "PutObjectTagging",
+              "delete_object": "DeleteObject", "delete_objects": "DeleteObjects",
+              "list_level": "ListObjectsV2", "copy": "CopyObject",
+              "create_multipart": "CreateMultipartUpload", "upload_part": "UploadPart",
+              "upload_part_copy": "UploadPartCopy", "complete_multipart": "CompleteMultipartUpload",
+              "abort_multipart": "AbortMultipartUpload"}
 
 
 class S3Store:
@@ -57,6 +72,8 @@ class S3Store:
         self._uploads = trio.CapacityLimiter(4)  # whole-object uploads at once
         self.lean = lean
         self.written = WriteLog()  # what S3 accepted, until the event handler confirms it
+        self.requests: collections.Counter = collections.Counter()  # S3 operation -> calls
+        self.errors: collections.Counter = collections.Counter()    # ... that failed
 
     def _make(self):
         """The client (made once; any thread)."""
@@ -87,6 +104,8 @@ class S3Store:
         for the client (made there on first use) and the lean client."""
         lean = self.lean if self.lean is not None else CLIENT
         args = tuple(lean if a is LEAN else a for a in args)
+        operation = OPERATIONS.get(getattr(fn, "__name__", ""), what.split(" ", 1)[0])
+        self.requests[operation] += 1
 
         def run():
             if self._client is None and any(a is CLIENT for a in args):
@@ -95,6 +114,7 @@ class S3Store:
         try:
             result = await trio.to_thread.run_sync(run, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
+            self.errors[operation] += 1
             error = store_error(exc, what)
             log.debug("S3 %s: %s", what, error)
             raise error from exc
@@ -117,6 +137,7 @@ class S3Store:
         ``lean`` its ``get_range`` (a failed try resumes where it stopped), else boto3's
         GetObject with Range."""
         what = f"GET {bucket}/{key} bytes {start}-{end - 1}"
+        self.requests["GetObject"] += 1
         try:
             if self.lean is not None:
                 get = functools.partial(self.lean.get_range, bucket, key, start, end, etag=etag,
@@ -125,9 +146,13 @@ class S3Store:
                 def get():
                     _boto_get_range(self.client, bucket, key, start, end, etag, write)
             await trio.to_thread.run_sync(get, limiter=self._gets)
-        except (StoreError, StopGet):
+        except StopGet:
+            raise
+        except StoreError:
+            self.errors["GetObject"] += 1
             raise
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
+            self.errors["GetObject"] += 1
             raise store_error(exc, what) from exc
 
     async def upload(self, bucket: str, key: str, filename: str, *, size: int,

@@ -48,6 +48,8 @@ class MountSettings:
     handler_url: str = config.DEFAULT_HANDLER_URL  # one URL, or the active one and standbys
     foreground: bool = False
     eager: bool = False
+    write_back: float = 2.0                  # eager: seconds a closed file waits unchanged
+    fsync: str = "upload"                    # fsync(2) waits for: upload, or (eager) journal
     read_only: bool = False
     allow_other: bool = False
     allow_root: bool = False

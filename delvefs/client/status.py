@@ -3,8 +3,8 @@
 - ``delvefs status MOUNT`` asks the mount over its control channel (delvefs/client/control.py,
   operation ``status``, answered by :func:`mount_status` inside the mount): its daemon's pid
   (and where its pid record is: ``pid_record``, added here), its views, how fresh each is and how many of its keys have no name there (``unshown``: logged once per
-  key; docs/SEMANTICS.md), the files not yet in S3 (pending, uploading, failed, conflict) and
-  the cache.
+  key; docs/SEMANTICS.md), the files not yet in S3 (waiting, pending, uploading, failed, conflict) and
+  the cache, and how it writes (eager or not, ``fsync=``).
 - ``delvefs status --handler [URL]`` asks the handler (``GET /v1/status`` through
   delvefs/client/handler_api.py, with the principal's token): its event source and lag,
   buckets with the progress of a listing under way, views, work-queue groups (members,
@@ -24,7 +24,9 @@ from .control import ControlError, request
 from .passthrough import report as passthrough_report
 from .mountpoints import run_file
 
-STATES = ("pending", "uploading", "failed", "conflict")
+# waiting: closed, in an eager mount's write-back delay (docs/SEMANTICS.md, *Eager mode*);
+# pending: to be uploaded as soon as the uploader may
+STATES = ("waiting", "pending", "uploading", "failed", "conflict")
 
 
 # ----------------------------------------------------------------- inside the mount
@@ -69,7 +71,8 @@ async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:
             "files": report, "counts": upload_counts(report),
             "cache": {"bytes": cache.bytes, "limit": cache.limit, "entries": len(cache.entries),
                       "dirty_bytes": dirty_bytes(core)},
-            "passthrough": passthrough_report(core)}  # delvefs/client/passthrough.py
+            "passthrough": passthrough_report(core),  # delvefs/client/passthrough.py
+            "writes": {"eager": core.eager, "fsync": core.settings.fsync}}
 
 
 # ----------------------------------------------------------------- the command
@@ -123,6 +126,10 @@ def format_mount(s: dict) -> str:
         writes = ", writes too" if pt.get("writes") else ""
         lines.append("passthrough: " + (f"on{writes} ({pt['open_files']} files open through it)"
                                         if pt["state"] == "on" else f"off ({pt['reason']})"))
+    wr = s.get("writes")
+    if wr:
+        lines.append("writes: " + (f"eager, fsync={wr['fsync']}" if wr["eager"]
+                                   else "close and fsync upload"))
     return "\n".join(lines)
 
 

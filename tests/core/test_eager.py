@@ -107,7 +107,7 @@ async def test_replay_after_a_crash_never_clobbers_a_newer_object(make_world):
     w2.fs.recover()
     async with trio.open_nursery() as nursery:
         await nursery.start(w2.fs.run_uploads)
-        while w2.fs.uploads._pending:
+        while queued(w2):
             await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert w2.obj("v", "data/kept")["data"] == b"newer"
@@ -209,10 +209,16 @@ async def eager_world(make_world, *views, **settings):
     return await make_world(*(views or (wview(),)), eager=True, **settings).start()
 
 
+def queued(w) -> bool:
+    """Some closed file is still to be uploaded (in its write-back delay, or queued)."""
+    return bool(w.fs.uploads._pending or w.fs.uploads._waiting)
+
+
 async def settle(w):
     """Until every queued upload and delete is done (or failed once), and the journal
-    records of the uploaded files are gone."""
-    while w.fs.uploads._pending and not w.fs.uploads._failures or w.fs.deletes and not any(
+    records of the uploaded files are gone. (The files closed last wait out the write-back
+    delay first: ``write_back``, 2 s by default.)"""
+    while queued(w) and not w.fs.uploads._failures or w.fs.deletes and not any(
             d["error"] for d in w.fs.deletes.queued.values()) or w.cache.journal.removals_pending():
         await trio.sleep(0.005)
 
@@ -291,8 +297,10 @@ async def test_eager_failures_are_retried_reported_and_synced(make_world, mock_c
         await nursery.start(w.fs.run_uploads)
         w.store.fail_writes = errno.EIO
         await w.write("v/f", b"kept")                # close succeeds: it is journaled
-        await trio.sleep(0.5)
         f = await w.path("v/f")
+        with trio.fail_after(60):                    # its write-back delay, then a try
+            while not w.fs.uploads._failures:
+                await trio.sleep(0.01)
         state = await w.fs.getxattr(f.ino, "user.delvefs.upload")
         assert state.startswith(b"failed: ") and b"fake S3 refuses" in state
         [r] = w.fs.upload_report()

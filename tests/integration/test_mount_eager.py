@@ -11,7 +11,7 @@ import pytest
 
 from ..waiting import wait_until
 from .mounts import data_views, handler, listdir, mounts, put  # noqa: F401
-from .test_mount_write import get, keys
+from .test_mount_write import get, keys, own  # noqa: F401  (own: services a test may stop)
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
@@ -111,3 +111,109 @@ def test_a_sigkilled_mount_is_replayed_elsewhere_without_clobbering(mounts, s3, 
     [copy] = conflict_copies(second / "data", "kept.txt")
     assert (second / "data" / copy).read_bytes() == b"base + mine"
     assert os.listdir(state / "first" / "journal") == []         # taken over, once
+
+
+def test_marker_files_removed_within_the_write_back_delay_cost_no_put_and_no_delete(
+        mounts, s3, bucket):
+    """A workflow engine's bookkeeping (Snakemake's ``.snakemake/incomplete`` markers):
+    each created, closed and removed moments later. With the default write-back delay none
+    of them is uploaded or deleted: the mount's own count of its S3 requests shows only the
+    files left alone, which reach S3 by themselves once their delay is over."""
+    from .test_mount_metrics import Scraper, free_port
+    port = free_port()
+    mp = mounts.mount(data_views(bucket), "--eager", "--metrics-addr", f"127.0.0.1:{port}")
+    scrape = Scraper(port, mp)
+
+    def requests(found, *operations) -> float:
+        return sum(scrape.get(found, "delvefs_mount_s3_requests_total", 0, request=op)
+                   for op in operations)
+    (mp / "data/jobs").mkdir()
+    before = scrape()
+    for job in range(50):
+        marker = mp / f"data/jobs/incomplete-{job}"
+        marker.write_bytes(b"")                                  # create + close
+        (mp / f"data/jobs/meta-{job}").write_bytes(b'{"job": %d}' % job if job < 5 else b"")
+        marker.unlink()
+        if job >= 5:
+            (mp / f"data/jobs/meta-{job}").unlink()
+    assert sorted(listdir(mp / "data/jobs")) == [f"meta-{job}" for job in range(5)]
+    # the files left alone: in S3 once their delay is over, without a sync
+    wait_until(lambda: sorted(k for k in keys(s3, bucket) if k.startswith("data/jobs/")) ==
+               [f"data/jobs/meta-{job}" for job in range(5)], 60, "the metadata files in S3")
+    after = scrape()
+    assert requests(after, "PutObject") - requests(before, "PutObject") == 5
+    assert requests(after, "DeleteObject", "DeleteObjects") == requests(before, "DeleteObject",
+                                                                        "DeleteObjects")
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert sorted(k for k in keys(s3, bucket) if k.startswith("data/jobs/")) == \
+        [f"data/jobs/meta-{job}" for job in range(5)]
+    assert get(s3, bucket, "data/jobs/meta-3") == b'{"job": 3}'
+    synced = scrape()
+    assert requests(synced, "PutObject", "DeleteObject", "DeleteObjects") == \
+        requests(after, "PutObject", "DeleteObject", "DeleteObjects")   # nothing was left
+
+
+# --- fsync: upload (the default) or journal ---
+
+def test_fsync_in_an_eager_mount_uploads_by_default(mounts, s3, bucket):
+    mp = mounts.mount(data_views(bucket), "--eager")
+    for name, sync in (("fsynced.txt", os.fsync), ("fdatasynced.txt", os.fdatasync)):
+        fd = os.open(mp / "data" / name, os.O_WRONLY | os.O_CREAT)
+        try:
+            os.write(fd, b"in S3 when %s returns" % name.encode())
+            sync(fd)                                     # waits for the upload
+            assert get(s3, bucket, f"data/{name}") == b"in S3 when %s returns" % name.encode()
+        finally:
+            os.close(fd)
+    r = mounts.run("status", str(mp))
+    assert r.returncode == 0 and "writes: eager, fsync=upload" in r.stdout, r.stdout + r.stderr
+
+
+def journal_records(cache) -> dict[str, dict]:
+    """key -> journal record of a mount's cache directory."""
+    import json
+    records = {}
+    for p in sorted((cache / "journal").glob("*.json")):
+        r = json.loads(p.read_text())
+        records[r["key"]] = r
+    return records
+
+
+def test_fsync_journal_returns_while_s3_is_down_and_a_killed_mount_is_replayed(own):
+    """fsync=journal: fsync returns 0 with S3 stopped (fsync=upload would fail with EIO),
+    the file and its record are in the cache directory; the mount is SIGKILLed, S3 comes
+    back, and the next mount of the same views file (another mount point and cache
+    directory: it takes the journal over) uploads it."""
+    state = own.tmp / "state" / "mounts"
+    data = b"durable before S3 has it " * 400
+    mp = own.mount(data_views(own.bucket), "--eager", "-o", "fsync=journal",
+                   cache_dir=state / "first")
+    listdir(mp / "data")                                 # listed before S3 goes away
+    r = own.run("status", str(mp))
+    assert "writes: eager, fsync=journal" in r.stdout, r.stdout + r.stderr
+    own.svc.minio.stop()
+    fd = os.open(mp / "data/durable.bin", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, data)
+    os.fsync(fd)                                         # 0: the local disk has it
+    os.fdatasync(fd)                                     # the same request: 0 as well
+    record = journal_records(state / "first")["data/durable.bin"]
+    assert (state / "first" / "data" / record["file"]).read_bytes() == data
+    own.kill(mp)                                         # before any upload (S3 is down)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    own.svc.minio.start()
+    assert get(own.s3, own.bucket, "data/durable.bin") is None
+    views_file = own.tmp / f"views-{own.count}.yaml"     # the same views file, mounted again
+    second = own.tmp / "second"
+    second.mkdir()
+    r = own.run("mount", str(views_file), str(second), "--cache-dir", str(state / "second"),
+                "--eager", "-o", "fsync=journal")
+    assert r.returncode == 0, r.stderr
+    own.mounted.append(str(second))
+    wait_until(lambda: get(own.s3, own.bucket, "data/durable.bin") == data, 120,
+               "the journaled file uploaded by the next mount")
+    assert (second / "data/durable.bin").read_bytes() == data
+    assert journal_records(state / "first") == {}        # taken over, once

@@ -193,7 +193,8 @@ def test_eager_uploads_while_s3_is_down_are_reported_then_uploaded(faulty, proxy
         assert write(mp / key, data) is None, key        # safe in the journal: no S3 needed
     assert sorted(listdir(mp / "data")) == sorted(k.split("/")[1] for k in files)
     state = upload_state(mp / "data/e3.bin")
-    assert state is not None and state.split(":")[0] in ("pending", "uploading", "failed"), state
+    assert state is not None and state.split(":")[0] in ("waiting", "pending", "uploading",
+                                                         "failed"), state
     r = faulty.sync(mp)                                   # S3 down: every file named
     assert r.returncode != 0
     for key in files:

@@ -131,6 +131,36 @@ def test_a_cache_without_bound_exports_no_limit():
 
 # ----------------------------------------------------------------- exporting
 
+def test_the_mount_counts_its_s3_requests_by_operation():
+    import collections
+    store = SimpleNamespace(requests=collections.Counter(PutObject=3, DeleteObjects=1),
+                            errors=collections.Counter(PutObject=1))
+    s = rendered(fake_core(store=store))
+    mp = {"mountpoint": "/mnt/x"}
+    assert value(s, "delvefs_mount_s3_requests_total", **mp, request="PutObject") == 3
+    assert value(s, "delvefs_mount_s3_requests_total", **mp, request="DeleteObjects") == 1
+    assert value(s, "delvefs_mount_s3_errors_total", **mp, request="PutObject") == 1
+
+
+def test_the_store_names_each_request_it_sends():
+    from delvefs.client.s3async import S3Store
+    from delvefs.client.errors import StoreError
+
+    def head_object(client, bucket, key):
+        return {"etag": "e"}
+
+    def put_file(client, *a, **kw):
+        raise OSError("refused")
+    store = S3Store(object())
+
+    async def main():
+        await store._call("HEAD b/k", head_object, None, "b", "k")
+        with pytest.raises(StoreError):
+            await store._call("PUT b/k", put_file, None, "b", "k")
+    trio.run(main)
+    assert store.requests == {"HeadObject": 1, "PutObject": 1} and store.errors == {"PutObject": 1}
+
+
 def exporter(tmp_path, **settings) -> mm.Exporter:
     metrics = SimpleNamespace(render=lambda: b"# a metric\nx 1\n")
     return mm.Exporter(metrics, MountSettings.defaults(**settings))

@@ -261,3 +261,18 @@ def test_mount_fuse3_form_of_the_command_mounts(monkeypatch):
     monkeypatch.setattr(cli, "main_helper", lambda argv: seen.append(argv) or 0)
     assert main(["/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5,dev,suid"]) == 0
     assert seen == [["/etc/v.yaml", "/mnt/v", "-o", "rw,uid=5,dev,suid"]]
+
+
+def test_fsync_journal_is_an_eager_mounts_choice(capsys):
+    assert parse_mount().fsync == "upload" and parse_mount("--eager").fsync == "upload"
+    by_o = parse_mount("-o", "eager,fsync=journal")
+    assert by_o.fsync == "journal" and by_o == parse_mount("--eager", "--fsync", "journal")
+    assert parse_mount("-o", "fsync=upload").fsync == "upload"       # strict mounts: as ever
+    assert parse_mount(*by_o.daemon_flags()) == by_o                 # the daemon gets it too
+    with pytest.raises(OptionError, match=r"^fsync=journal needs --eager"):
+        parse_mount("-o", "fsync=journal")
+    with pytest.raises(OptionError, match=r"^fsync=later: upload .* or journal"):
+        parse_mount("-o", "eager,fsync=later")
+    assert main(["mount", "v.yaml", "/nonexistent", "--fsync", "journal"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("delvefs mount: fsync=journal needs --eager") and err.count("\n") == 1

@@ -29,6 +29,12 @@ class FakeCache:
     def touch(self, entry, start, end):
         self.touched += 1
 
+    def pin(self, entry, pin):
+        entry.pinned.append(pin)
+
+    def unpin(self, entry, pin):
+        entry.pinned.remove(pin)
+
     def get(self, bucket, key):
         return self.entries.get((bucket, key))
 

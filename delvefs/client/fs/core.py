@@ -120,8 +120,13 @@ class FileSystem:
                                    self.reads, self.dirty, cache, store, settings)
         self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache, handler)
         self.confirmations = Confirmations(handler, store.written)
+        self.passthrough = None  # the FUSE adapter's, once it attaches it
         self.attributes = Attributes(self.table, self.handles, self.tree, self.listings,
                                      self.properties, settings)
+
+    def attach_passthrough(self, passthrough) -> None:
+        """The FUSE adapter's passthrough (``delvefs status`` reports it)."""
+        self.passthrough = passthrough
 
     @property
     def views(self) -> list:

@@ -11,6 +11,9 @@ and when the upload is left to the background (``persist``: an eager close; not 
 and removed when the upload succeeded: a mount that was SIGKILLed loses nothing it had
 accepted (a kernel or machine crash may lose the last ones); the next mount of its cache directory takes the records over
 (``restore``). Records of older versions have no ``base``: their upload checks with a HEAD.
+``make_durable`` (an fsync(2) of an eager mount with ``fsync=journal``) makes one entry
+survive a kernel crash or power loss too: its data file, ranges log and record fsync'd
+with the directory entries of all three.
 
 An entry's write-side state (``CacheEntry``):
 
@@ -55,6 +58,7 @@ import trio
 from ..cacheentry import CacheEntry
 from ..datacache import DataCache
 from ..errors import cache_file_error
+from ..journal import sync_path
 from ..ranges import RangeSet
 
 log = logging.getLogger(__name__)
@@ -205,7 +209,7 @@ class DirtyFiles:
         if not entry.journaled and entry.meta is not None:
             self._write(entry)
 
-    def _write(self, entry: CacheEntry) -> None:
+    def _write(self, entry: CacheEntry, *, unless_same: bool = False) -> None:
         r = entry.meta
         r["bucket"], r["key"] = entry.bucket, entry.key
         lg = self._log(entry)
@@ -218,17 +222,48 @@ class DirtyFiles:
         else:
             r.pop("source", None)
             r.pop("source_len", None)
-        self._records.write(r)
+        self._records.write(r, unless_same=unless_same)
         entry.journaled = True  # only once it is on disk: a failed write is tried again
 
     def persist(self, entry: CacheEntry) -> None:
         """Eager close: the record on disk before close returns — written here, on the loop,
         only when it is not there yet (every change of a journaled record rewrites it). Not
         fsync'd: the page cache outlives a killed process; only a kernel or machine crash
-        can lose the last eager closes (``fsync(2)`` waits for the upload). Raises
-        StoreError."""
+        can lose the last eager closes (``fsync(2)`` waits for the upload, or with
+        ``fsync=journal`` for ``make_durable``). Raises StoreError."""
         if entry.dirty and entry.meta is not None:
             self.journal(entry)
+
+    async def make_durable(self, entry: CacheEntry) -> None:
+        """fsync(2) of an eager mount with ``fsync=journal``: the dirty entry survives a
+        kernel crash or power loss, not only a killed process. Its record is made current
+        here, on the loop (written when it is not on disk or what is there differs from the
+        entry's: ``take`` may have completed an old record in memory); then, in a worker
+        thread, the data file is fdatasync'd, its ranges log (a sparse entry's ``changed``:
+        a stale log would rebuild the object wrongly) and the data directory (their names)
+        fsync'd, and the record with its directory (``Journal.make_durable``). An entry
+        discarded or uploaded meanwhile needs nothing. Raises StoreError."""
+        if not entry.dirty or entry.meta is None:
+            return
+        self._write(entry, unless_same=True)
+        record, data = entry.meta, entry.path
+        lg = self._log(entry)
+        ranges = lg.path if lg is not None and lg.fd is not None else None
+
+        def sync() -> None:
+            for path, data_only in ((data, True), (ranges, False)):
+                if path is not None:
+                    try:
+                        sync_path(path, data_only=data_only)
+                    except FileNotFoundError:
+                        pass  # discarded (unlinked) or its log removed (unsourced) meanwhile
+            sync_path(self.cache.dir)
+            self._records.make_durable(record)
+        try:
+            await trio.to_thread.run_sync(sync)
+        except OSError as exc:
+            raise cache_file_error(
+                exc, f"cache file or journal of {entry.bucket}/{entry.key}") from exc
 
     def _unjournal(self, entry: CacheEntry) -> None:
         if entry.meta is not None:
@@ -330,12 +365,16 @@ class DirtyFiles:
             entry.source, entry.source_len = (entry.bucket, entry.key, etag), entry.size
         self.cache.validated(entry, etag)
 
-    def rebased(self, entry: CacheEntry, etag: str, size: int) -> None:
+    def rebased(self, entry: CacheEntry, etag: str, size: int, *, batch: bool = True) -> None:
         """Uploaded as version ``etag`` of ``size`` bytes but written meanwhile: still
         dirty, based on that version — also for the bytes it lacks (it holds the source's
-        bytes where nothing was changed; ``changed`` still covers what differs)."""
+        bytes where nothing was changed; ``changed`` still covers what differs).
+        ``batch=False``: no longer part of the publish batch it was uploaded in (what was
+        written since is no part of it)."""
         if entry.meta is not None:
             entry.meta["base"], entry.meta["existing"] = etag, True
+            if not batch:
+                entry.meta.pop("batch", None)
         if entry.source is not None:
             lg = self._log(entry)
             if lg is not None and size > entry.source_len:
@@ -372,6 +411,11 @@ class DirtyFiles:
         self.discard(entry)
         if not self.sparse(entry):
             entry.present, entry.source = None, None
+
+    def orphan_resized(self, entry: CacheEntry, size: int) -> None:
+        """An orphaned entry (``orphan``) was written or truncated through a descriptor:
+        its size (it is no longer the cache's to count)."""
+        entry.size = size
 
     def restore(self) -> list[CacheEntry]:
         """The dirty entries an earlier mount of this cache directory journaled (the

@@ -321,7 +321,7 @@ class Namespace:
                     self.dirty.update_record(entry, view=dst_vs.name, base=base, conflict=None,
                                              existing=existing,
                                              batch=batch if entry.writers == 0 else None)
-                    node.etag = ""
+                    self.tree.shown_as(node, etag="")
                     result["dirty"] = entry
                     return
         tags = {}
@@ -460,7 +460,7 @@ class Namespace:
                     await self.uploads.upload(entry)  # a tmp file renamed to its final name: uploaded now
             return
         obj = result["obj"]
-        node.etag, node.size = obj["etag"], obj["size"]
+        self.tree.shown_as(node, etag=obj["etag"], size=obj["size"])
         self.tree.local_put(dst_vs.bucket, dk, obj, result["tags"])
 
     def _moved_away(self, vs: ViewState, key: str, result: dict) -> None:
@@ -517,7 +517,7 @@ class Namespace:
                     if r.get("dirty") is not None:
                         self.tree.dirtied(vs, f, r["dirty"])
                     else:
-                        f.etag, f.size = r["obj"]["etag"], r["obj"]["size"]
+                        self.tree.shown_as(f, etag=r["obj"]["etag"], size=r["obj"]["size"])
                         self.tree.local_put(vs.bucket, dk, r["obj"], r["tags"])
             else:
                 for f, sk, dk, r in results:

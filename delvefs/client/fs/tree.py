@@ -373,6 +373,17 @@ class Tree:
         node.mtime_ns = time.time_ns()
         self.sizes(entry)
 
+    def shown_as(self, node: File, *, size: int | None = None, etag: str | None = None,
+                 mtime_ns: int | None = None) -> None:
+        """What ``node`` shows from now on (a write, a truncate, an upload or copy this mount
+        made; ``None``: unchanged)."""
+        if size is not None:
+            node.size = size
+        if etag is not None:
+            node.etag = etag
+        if mtime_ns is not None:
+            node.mtime_ns = mtime_ns
+
     def sizes(self, entry) -> None:
         """The entry's size on the nodes of its key in every view that shows the local
         content (a file opened through several views)."""

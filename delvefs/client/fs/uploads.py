@@ -16,6 +16,20 @@ unlinks queue their DELETEs (``delvefs.client.fs.deletes``). ``sync_all``
 (``delvefs sync``) waits for both; ``shutdown`` uploads the rest at unmount; ``recover``
 schedules what an earlier mount's journal left.
 
+Write-back delay (eager mode, ``settings.write_back`` seconds, as rclone's
+``--vfs-write-back`` or the kernel's dirty_expire): a closed file *waits* until it was left
+unchanged that long — a close of a writer, a truncate or a rename starts its wait again —
+before the uploader may pick it, so a file removed within the delay (a workflow engine's
+marker files) costs no request at all: never uploaded, and no DELETE of a key S3 never had.
+The waiting files are kept in the order of their last change (``_waiting``): the uploader
+moves those whose delay is over to its queue and sleeps until the next one's ends (a
+timer, ``trio.move_on_at``). Sooner: ``sync_all``, fsync and ``shutdown`` upload
+whatever waits (an fsync that only makes the file durable locally, ``hurry``, ends its
+wait); a directory rename (a publish) uploads its files; past a backlog bound
+(``backlog_files`` files queued or waiting, ``backlog_bytes`` waiting) every waiting file
+goes at once; and a file dirty for ``backlog_age`` already is not held again when it is
+closed (a file rewritten every second still reaches S3).
+
 A file whose key cannot match its view (``ViewCatalog.can_match``) is a
 *scratch* file: never uploaded until a rename gives it a matching name. After an upload
 the change is applied to every view of the bucket in this mount at once and kept in the
@@ -70,6 +84,7 @@ class Uploads:
     backlog_bytes = 256 << 20
     backlog_age = 10.0
     backlog_check_every = 0.1  # seconds: how often a held-back uploader looks at the bounds
+    # (the write-back delay itself is a setting, ``write_back``: eager mounts only)
 
     def __init__(self, store, cache, dirty, catalog: ViewCatalog, tree: Tree,
                  properties: Properties, deletes: DeleteQueue, settings):
@@ -81,10 +96,17 @@ class Uploads:
         self.properties = properties
         self.deletes = deletes
         self.upload_concurrency = max(1, settings.upload_concurrency)
+        self.write_back = max(0.0, settings.write_back) if settings.eager else 0.0
         self.retry_initial = settings.retry_initial
         self.retry_max = settings.retry_max
         self._locks: dict[str, trio.Lock] = {}  # journal file name -> upload lock
         self._pending: dict[str, CacheEntry] = {}   # dirty entries the uploader retries
+        # closed files waiting out the write-back delay, in the order of their last change:
+        # file -> (when the wait ends, on the trio clock; the entry; its size then)
+        self._waiting: dict[str, tuple[float, CacheEntry, int]] = {}
+        self._waiting_bytes = 0
+        self._hurried: dict[str, int] = {}  # file -> its gen when an fsync asked for it
+        self._wake_at = math.inf  # when the uploader looks again by itself (no kick needed before)
         self._retry: dict[str, tuple[float, float]] = {}  # file -> (next attempt, delay)
         self._kick = trio.Event()
         self._uploading: set[str] = set()        # files whose upload request runs now
@@ -113,14 +135,28 @@ class Uploads:
                 await stack.enter_async_context(self.entry_lock(unique[name]))
             yield
 
-    def schedule(self, entry: CacheEntry, *, failed: bool = False) -> None:
+    def schedule(self, entry: CacheEntry, *, failed: bool = False, wait: bool = True) -> None:
+        """Leave a dirty file to the background uploader. ``wait``: it has just changed (a
+        close, a truncate, a rename): in eager mode it waits out the write-back delay first
+        (its wait starts again). ``failed``: its upload failed: tried again after a backoff."""
         name = os.path.basename(entry.path)
-        self._pending[name] = entry
         if not entry.journaled:  # left to the background: must survive a crash now
             try:
                 self.dirty.journal(entry)
             except StoreError as exc:
                 log.warning("journal of %s/%s: %s", entry.bucket, entry.key, exc)
+        self._unwait(name)
+        if wait and not failed and self.write_back > 0 and not self._dirty_long(entry) \
+                and self._hurried.get(name) != entry.gen:
+            self._pending.pop(name, None)
+            due = trio.current_time() + self.write_back
+            self._waiting[name] = (due, entry, entry.size)  # at the end: the last changed
+            self._waiting_bytes += entry.size
+            # the uploader sleeps until the first wait ends, which is before this one's
+            if due < self._wake_at or self._over_bounds():
+                self._kick.set()
+            return
+        self._pending[name] = entry
         if failed:
             _, delay = self._retry.get(name, (0.0, 0.0))
             delay = min(self.retry_max, max(self.retry_initial, delay * 2))
@@ -132,8 +168,47 @@ class Uploads:
         name = os.path.basename(entry.path)
         self.drop_stream(entry)
         self._pending.pop(name, None)
+        self._unwait(name)
+        self._hurried.pop(name, None)
         self._retry.pop(name, None)
         self._failures.pop(name, None)
+
+    def _unwait(self, name: str) -> None:
+        waiting = self._waiting.pop(name, None)
+        if waiting is not None:
+            self._waiting_bytes -= waiting[2]
+
+    def _dirty_long(self, entry: CacheEntry) -> bool:
+        """The file has been dirty for ``backlog_age`` already (it keeps changing): not
+        held back again."""
+        since = (entry.meta or {}).get("since")
+        return since is not None and time.time() - since >= self.backlog_age
+
+    def _over_bounds(self) -> bool:
+        """The backlog passes a bound: waiting files go without waiting out their delay."""
+        return len(self._pending) + len(self._waiting) >= self.backlog_files \
+            or self._waiting_bytes >= self.backlog_bytes
+
+    def _release(self, now: float) -> float:
+        """Move the files whose write-back delay is over — every waiting one when the
+        backlog passes a bound — to the upload queue; returns when the next wait ends (inf:
+        none waits)."""
+        over = self._over_bounds()
+        while self._waiting:
+            name = next(iter(self._waiting))
+            due, entry, _ = self._waiting[name]
+            if due > now and not over:
+                return due
+            self._unwait(name)
+            self._pending[name] = entry
+        return math.inf
+
+    def hurry(self, entry: CacheEntry) -> None:
+        """Something needs the file in S3 soon (an fsync that does not upload itself, as
+        with ``fsync=journal``): queued without the write-back delay — also at its next
+        close, unless it is written again before."""
+        self._hurried[os.path.basename(entry.path)] = entry.gen
+        self.schedule(entry, wait=False)
 
     def _upload_failed(self, entry: CacheEntry, reason: str) -> None:
         self._failures[os.path.basename(entry.path)] = reason
@@ -208,8 +283,7 @@ class Uploads:
             if not still_dirty:
                 self.dirty.uploaded(entry, info["etag"])
             else:
-                self.dirty.rebased(entry, info["etag"], size)
-                entry.meta.pop("batch", None)  # what was written since is no part of it
+                self.dirty.rebased(entry, info["etag"], size, batch=False)
                 self.schedule(entry)
             self.properties.clear()
             self.tree.local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs,
@@ -400,11 +474,12 @@ class Uploads:
             while True:
                 kick = self._kick = trio.Event()
                 now = trio.current_time()
+                next_at = self._release(now)  # those whose write-back delay is over
                 limit = self._upload_limit(now)
-                next_at = math.inf
                 if limit < self.upload_concurrency:  # busy: look again once the mount is
                     # idle, and at the bounds now and then meanwhile
-                    next_at = min(self._last_request + self.upload_idle, now + self.backlog_check_every)
+                    next_at = min(next_at, self._last_request + self.upload_idle,
+                                  now + self.backlog_check_every)
                 for name, entry in list(self._pending.items()) if len(started) < limit else ():
                     if not entry.dirty or entry.meta is None or entry.writers:
                         self._pending.pop(name, None)  # clean, gone, or its last close uploads
@@ -422,9 +497,11 @@ class Uploads:
                 # holding back, the loop looks again by itself: the closes meanwhile need not
                 # wake it (but for the file bound), nor sum the backlog's bytes each time
                 self._holding_back = limit == 0
+                self._wake_at = next_at
                 with trio.move_on_at(next_at):
                     await kick.wait()
                 self._holding_back = False
+                self._wake_at = math.inf  # (awake: a kick costs nothing)
 
     def request_seen(self) -> None:
         """A create/write/close came (cheap: called for every write)."""
@@ -453,7 +530,8 @@ class Uploads:
                                                              final_tags(entry, vs, None))
 
     def upload_state(self, entry: CacheEntry) -> tuple[str, str | None]:
-        """(state, reason) of a dirty entry: pending, uploading, failed or conflict."""
+        """(state, reason) of a dirty entry: waiting (the write-back delay), pending,
+        uploading, failed or conflict."""
         name = os.path.basename(entry.path)
         conflict = (entry.meta or {}).get("conflict")
         if conflict:
@@ -462,6 +540,8 @@ class Uploads:
             return "uploading", None
         if name in self._failures:
             return "failed", self._failures[name]
+        if name in self._waiting:
+            return "waiting", None
         return "pending", None
 
     def upload_report(self) -> list[dict]:
@@ -523,7 +603,7 @@ class Uploads:
                 log.info("conflict copy %s/%s kept from an earlier mount", entry.bucket, entry.key)
                 continue
             log.info("recovered dirty file %s/%s from the journal: uploading", entry.bucket, entry.key)
-            self.schedule(entry)
+            self.schedule(entry, wait=False)
 
     def scratch_files(self) -> list[str]:
         """Mount paths (VIEW/relative path) of dirty files whose names cannot match."""

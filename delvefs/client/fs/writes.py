@@ -7,7 +7,9 @@ handle's ``flush`` (close(2) returns its error), ``fsync`` and a truncate(2) wit
 open handle upload the whole object (``delvefs.client.fs.uploads``); a release that leaves
 it dirty hands it to the background uploads. Eager mode (``eager``): ``flush`` returns
 once the file's journal record is written (not fsync'd: a killed mount loses nothing, a
-machine crash may lose the last closes); ``fsync`` waits for the file's upload.
+machine crash may lose the last closes); ``fsync`` waits for the file's upload — or, with
+``fsync=journal``, only until the file and its record are durable on the local disk
+(``DirtyFiles.make_durable``); the upload follows the last close in the background.
 
 Writes are not locked: a write during an upload bumps the entry's ``gen``, so the entry
 stays dirty and is uploaded again (the uploads' rules: ``delvefs.client.fs.uploads``).
@@ -58,6 +60,8 @@ class Writes:
         self.cache = cache
         self.store = store
         self.eager = settings.eager
+        # fsync(2) returns once the file is durable locally (eager mounts only)
+        self.fsync_local = settings.eager and settings.fsync == "journal"
         self.stream_parts = settings.upload_while_writing and not settings.eager
 
     async def _make_writable(self, node: File, *, truncate: bool) -> CacheEntry:
@@ -145,7 +149,7 @@ class Writes:
         h = FileHandle(node, writer=True)
         h.fd, h.entry = fd, entry
         self.dirty.add_writer(entry)
-        node.size, node.mtime_ns = 0, time.time_ns()
+        self.tree.shown_as(node, size=0, mtime_ns=time.time_ns())
         return self.handles.add_file(h)
 
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[int, File]:
@@ -217,8 +221,7 @@ class Writes:
             self.dirty.written(entry, off, off + n)
         except StoreError as exc:
             raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
-        node.size = entry.size
-        node.mtime_ns = time.time_ns()
+        self.tree.shown_as(node, size=entry.size, mtime_ns=time.time_ns())
         if grew:
             self.tree.sizes(entry)
         if self.stream_parts:
@@ -244,9 +247,9 @@ class Writes:
             self.dirty.written(entry, 0, size)
         except StoreError as exc:
             raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
-        node.size = entry.size
+        self.tree.shown_as(node, size=entry.size)
         self.tree.sizes(entry)
-        node.mtime_ns = mtime_ns
+        self.tree.shown_as(node, mtime_ns=mtime_ns)
 
     async def fallocate(self, ino: int, fh: int, mode: int, offset: int, length: int) -> None:
         """fallocate(2) through a descriptor open for writing: mode 0 extends the file with
@@ -325,7 +328,7 @@ class Writes:
             h_out.copied = (fh_in, info["etag"], src.etag)
         log.info("copied %s/%s to %s/%s server-side: %d bytes", vs_in.bucket, src.key,
                  out.bucket, out.key, info["size"])
-        dst.size, dst.etag, dst.mtime_ns = info["size"], info["etag"], time.time_ns()
+        self.tree.shown_as(dst, size=info["size"], etag=info["etag"], mtime_ns=time.time_ns())
         self.tree.unserve(dst.ino)
         self.tree.local_put(out.bucket, out.key, {"key": out.key, "size": info["size"],
                                                   "mtime": info["mtime"], "etag": info["etag"]},
@@ -344,9 +347,9 @@ class Writes:
         return n
 
     def _orphan_size(self, h: FileHandle, size: int) -> None:
-        h.entry.size = size
+        self.dirty.orphan_resized(h.entry, size)
         if h.node.gone:
-            h.node.size, h.node.mtime_ns = size, time.time_ns()
+            self.tree.shown_as(h.node, size=size, mtime_ns=time.time_ns())
 
     def _orphaned(self, h: FileHandle) -> bool:
         """The handle's file was unlinked (or replaced by a rename) while open."""
@@ -382,13 +385,26 @@ class Writes:
             raise store_failure(exc, "journaling", entry.bucket, entry.key) from exc
 
     async def fsync(self, fh: int) -> None:
+        """fsync(2) and fdatasync(2) alike: the file uploaded (its error returned); with
+        ``fsync=journal`` (eager) durable on the local disk, uploaded in the background
+        after its last close as any eager file."""
         h = self.handles.files.get(fh)
         if h is None or not h.writer:
             return
-        if self._live(h):
-            if not await self.uploads.upload(h.entry):
-                log.info("fsync of scratch file %s/%s: kept local (its name cannot match view %s)",
-                         h.entry.bucket, h.entry.key, h.entry.meta.get("view"))
+        if not self._live(h):
+            return
+        if self.fsync_local:
+            entry = h.entry
+            try:
+                await self.dirty.make_durable(entry)
+            except StoreError as exc:
+                raise store_failure(exc, "fsync", entry.bucket, entry.key) from exc
+            if self._live(h):  # (not uploaded or removed meanwhile)
+                self.uploads.hurry(entry)  # no write-back delay after an fsync
+            return
+        if not await self.uploads.upload(h.entry):
+            log.info("fsync of scratch file %s/%s: kept local (its name cannot match view %s)",
+                     h.entry.bucket, h.entry.key, h.entry.meta.get("view"))
 
     async def setattr(self, ino: int, *, size: int | None = None, fh: int | None = None) -> Node:
         """chmod/chown/utimens are accepted and not stored; a size truncates the local
@@ -414,7 +430,7 @@ class Writes:
                 # truncate(2) of a file this mount removed (or replaced) since the kernel
                 # looked its name up: it takes effect first, and the removal leaves nothing
                 # of it (as on a local file system where the truncate wins the race)
-                node.size = size
+                self.tree.shown_as(node, size=size)
                 return node
             raise looked_up_again(node)  # left by a change in S3: the kernel looks again
         if h is not None and h.writer and h.node is node:

@@ -6,7 +6,8 @@ current tag set; the file moves into and out of this mount's views at once),
 ``key`` facts. A view's top directory answers ``user.delvefs.view`` (``delvefs watch``)
 and ``user.delvefs.stale`` (whether the handler gave the last refresh: "0", or "1 since
 <time>: <reason>"), and accepts ``user.delvefs.sync`` (wait for a handler version). A file not yet in S3 as
-written answers ``user.delvefs.upload``: ``pending``, ``uploading``, ``failed: <reason>``
+written answers ``user.delvefs.upload``: ``waiting`` (an eager mount's write-back delay),
+``pending``, ``uploading``, ``failed: <reason>``
 or ``conflict: <reason>`` (absent once uploaded). Other namespaces (security.*, system.*,
 trusted.*) are not supported.
 """

@@ -1,0 +1,138 @@
+"""Each piece of the mount's state has one owner, checked over the source (AST), not promised.
+
+Two rules over the mount's modules (``delvefs/client`` and its core ``fs/``):
+
+1. A part never assigns or mutates a field of another part: no ``self.other.field = ...``,
+   ``self.other.field[k] = ...``, ``del self.other.field[k]``, ``self.other.field += ...``
+   or ``self.other.field.append(...)`` (or another mutating method) — it calls a method of
+   that part instead.
+2. The fields of a record (the classes in :data:`RECORDS`) are assigned or mutated only in
+   the modules that own it (a method of the record itself may, through ``self``). A field
+   name that two records share is owned by the owners of both.
+
+The table below is the ownership map: changing an owner is a design decision, made here.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CLIENT = Path(__file__).resolve().parents[2] / "delvefs" / "client"
+
+# record class -> (the module defining it, the modules that may change its fields)
+RECORDS: dict[str, tuple[str, frozenset[str]]] = {
+    # the read-ahead's per-handle state
+    "Stream": ("fs/readahead.py", frozenset({"fs/readahead.py"})),
+    # a layout by properties: each view's places
+    "Places": ("fs/layout.py", frozenset({"fs/layout.py"})),
+    # what the mount knows of a view's listing at the handler
+    "Listing": ("fs/catalog.py", frozenset({"fs/views.py"})),
+    "Refresh": ("fs/catalog.py", frozenset({"fs/views.py"})),
+    # the overlay of local changes
+    "Pending": ("fs/catalog.py", frozenset({"fs/tree.py"})),
+    # the tree: its shape and what a node shows
+    "Node": ("fs/inodes.py", frozenset({"fs/inodes.py", "fs/tree.py"})),
+    "File": ("fs/inodes.py", frozenset({"fs/inodes.py", "fs/tree.py"})),
+    "Dir": ("fs/inodes.py", frozenset({"fs/inodes.py", "fs/tree.py"})),
+    # open files: a reading handle is the reads part's, a writing one the writes part's
+    "FileHandle": ("fs/handles.py", frozenset({"fs/reads.py", "fs/writes.py"})),
+    "DirHandle": ("fs/handles.py", frozenset({"fs/attributes.py"})),
+    # a cached object: the cache (its bytes and bound) and the write side (dirty state)
+    "CacheEntry": ("cacheentry.py", frozenset({"datacache.py", "cachebound.py", "fs/dirty.py"})),
+    # a dirty file's ranges log
+    "RangesLog": ("fs/dirty.py", frozenset({"fs/dirty.py"})),
+    # a fetch of blocks under way
+    "Fetch": ("cacheentry.py", frozenset({"datacache.py"})),
+    # passthrough: a backing file, and an inode's open files
+    "Backing": ("passthrough.py", frozenset({"passthrough.py"})),
+    "InodeIO": ("passthrough.py", frozenset({"passthrough.py"})),
+}
+
+MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "remove", "clear",
+                      "update", "setdefault", "add", "discard", "move_to_end", "sort"})
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(CLIENT)): ast.parse(p.read_text(), str(p))
+            for p in sorted(CLIENT.rglob("*.py"))}
+
+
+def _fields(tree: ast.Module, name: str) -> set[str]:
+    """The fields of class ``name``: its ``__slots__``, else what its ``__init__`` sets."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            fields = set()
+            for item in node.body:
+                if isinstance(item, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == "__slots__" for t in item.targets):
+                    fields |= {e.value for e in item.value.elts}
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    for sub in ast.walk(item):
+                        for t in _targets(sub):
+                            if isinstance(t, ast.Attribute) and _is_self(t.value):
+                                fields.add(t.attr)
+            return fields
+    raise AssertionError(f"no class {name}")
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _targets(node: ast.AST) -> list[ast.AST]:
+    """The attribute expressions ``node`` assigns, deletes or mutates in place."""
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    elif isinstance(node, ast.Delete):
+        targets = node.targets
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in MUTATORS:
+        return [node.func.value] if isinstance(node.func.value, ast.Attribute) else []
+    else:
+        return []
+    out = []
+    for t in targets:
+        for e in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
+            while isinstance(e, ast.Subscript):  # x.field[k] = ...: mutates x.field
+                e = e.value
+            if isinstance(e, ast.Attribute):
+                out.append(e)
+    return out
+
+
+def _changes(modules: dict[str, ast.Module]):
+    """(module, line, the changed attribute expression) for every change not through
+    ``self.field`` directly."""
+    for name, tree in modules.items():
+        for node in ast.walk(tree):
+            for t in _targets(node):
+                if not _is_self(t.value):
+                    yield name, node.lineno, t
+
+
+def test_no_part_changes_another_parts_fields():
+    bad = [f"{m}:{line}: {ast.unparse(t)}" for m, line, t in _changes(_modules())
+           if isinstance(t.value, ast.Attribute) and _is_self(t.value.value)]
+    assert not bad, "a part changes another part's fields (call a method of it):\n" + "\n".join(bad)
+
+
+def test_records_are_changed_only_by_their_owners():
+    modules = _modules()
+    owners: dict[str, set[str]] = {}
+    for record, (defined, owned_by) in RECORDS.items():
+        for field in _fields(modules[defined], record):
+            owners.setdefault(field, set()).update(owned_by)
+    bad = [f"{m}:{line}: {ast.unparse(t)} (owned by {', '.join(sorted(owners[t.attr]))})"
+           for m, line, t in _changes(modules)
+           if t.attr in owners and m not in owners[t.attr]]
+    assert not bad, "a record's field changed outside its owners:\n" + "\n".join(bad)
+
+
+def test_the_check_sees_a_change_through_another_part():
+    """The rules catch what they are for (a check that cannot fail proves nothing)."""
+    tree = ast.parse("class A:\n def f(self):\n  self.b.x = 1\n  self.b.y.append(2)\n"
+                     "  del self.b.z[3]\n  h.window += 1\n  self.mine = 4\n")
+    found = sorted(ast.unparse(t) for _, _, t in _changes({"m.py": tree}))
+    assert found == ["h.window", "self.b.x", "self.b.y", "self.b.z"]
