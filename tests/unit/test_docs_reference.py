@@ -1,6 +1,7 @@
 """The reference docs name only what exists: every flag of a benchmark command in
 docs/PERFORMANCE.md is one its script takes, and every ``Class.method``, function and file
-the newcomer's path in docs/ARCHITECTURE.md ("Start here") cites is in the code."""
+the newcomer's path in docs/ARCHITECTURE.md ("Start here") cites is in the code, and the
+table of the core's parts there is the one their constructors make."""
 from __future__ import annotations
 
 import ast
@@ -89,3 +90,33 @@ def test_the_start_here_path_cites_only_what_exists():
             if c not in names:
                 missing.append(c)
     assert not missing, "cited in 'Start here' but not in the code: " + ", ".join(missing)
+
+
+def _core_arrows() -> dict[str, list[str]]:
+    """part -> what ``FileSystem.__init__`` gives it (other parts; ``cache``, ``store``,
+    ``handler``), in the order it builds them."""
+    tree = ast.parse((ROOT / "delvefs/client/fs/core.py").read_text())
+    fs = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FileSystem")
+    init = next(n for n in fs.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    arrows = {}
+    for st in init.body:
+        if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call) \
+                and isinstance(st.targets[0], ast.Attribute):
+            given = []
+            for arg in [*st.value.args, *(k.value for k in st.value.keywords)]:
+                for n in ast.walk(arg):
+                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) \
+                            and n.value.id == "self":
+                        given.append(n.attr)
+                    elif isinstance(n, ast.Name) and n.id in ("cache", "store", "handler"):
+                        given.append(n.id)
+            arrows[st.targets[0].attr] = given
+    return arrows
+
+
+def test_the_core_parts_table_is_the_constructors():
+    text = (DOCS / "ARCHITECTURE.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| `[\w.]+` \| (.*) \|$", text, re.M)
+    documented = {part: re.findall(r"`(\w+)`", given) for part, given in rows}
+    assert documented == _core_arrows()
+    assert list(documented) == list(_core_arrows()), "in the order they are built"
