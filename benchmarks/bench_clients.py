@@ -7,7 +7,7 @@ at a fixed rate; publish → visible latency, the handler's CPU and memory, clie
 
 Real RabbitMQ, MinIO and ``delvefs eventhandler`` (benchmarks.bench_tree's ``services``), on
 loopback. Each client is the mount's own client code (``SyncHandlerClient``, the requests of
-delvefs/client/handler_requests.py): it registers its view under its own client name, lists
+delvefs/client/handler/endpoints.py): it registers its view under its own client name, lists
 it, and follows its changes by the change stream (``stream_request`` + ``stream_changes``,
 what ``delvefs watch`` does), reconnecting from the last version it saw if the stream breaks.
 Client i follows view i mod V, where V = min(N, 100) views carve one bucket by key prefix
@@ -51,8 +51,8 @@ from pathlib import Path
 
 import httpx
 
-from delvefs.client.handler_api import HandlerError, Resync, SyncHandlerClient
-from delvefs.client.handler_requests import api_error, decoded_body, stream_changes, stream_request, unreachable
+from delvefs.client.handler.api import HandlerError, Resync, SyncHandlerClient
+from delvefs.client.handler.endpoints import api_error, decoded_body, stream_changes, stream_request, unreachable
 from delvefs.shared.s3 import presigned_list_url
 from eventhandler.devtools import HandlerProcess, spec
 

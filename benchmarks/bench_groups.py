@@ -34,7 +34,7 @@ import pika
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from delvefs.client.handler_api import HandlerError, SyncHandlerClient  # noqa: E402
+from delvefs.client.handler.api import HandlerError, SyncHandlerClient  # noqa: E402
 from delvefs.devtools.localservices import LocalServices  # noqa: E402
 from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url, wire_notifications  # noqa: E402
 from eventhandler.devtools import HandlerProcess, spec  # noqa: E402

@@ -40,7 +40,7 @@ from pathlib import Path
 import msgpack
 import pika
 
-from delvefs.client.settings import MountSettings
+from delvefs.client.mount.settings import MountSettings
 from delvefs.shared.s3 import presigned_list_url
 from eventhandler.amqp import declare
 

@@ -39,8 +39,8 @@ from .bench_tree import Delve, services, source_tar, timed
 def bench_adapter(batches: int, batch: int) -> dict:
     import trio
 
-    from delvefs.client.fuse_adapter import Adapter
-    from delvefs.client.metrics import request_times
+    from delvefs.client.mount.fuse_adapter import Adapter
+    from delvefs.client.mount.metrics import request_times
 
     core = SimpleNamespace(writeback_cache=False, access=lambda ino, mode: None)
     off, on = Adapter(core), Adapter(core, request_times=request_times())
@@ -78,7 +78,7 @@ def summary(name: str, off: list[float], on: list[float], per: str = "request") 
 
 
 def daemon_pid(mountpoint: Path, env: dict) -> int:
-    from delvefs.client.mountpoints import run_file
+    from delvefs.client.mount.mountpoints import run_file
     return json.loads(run_file(str(mountpoint), Path(env["DELVEFS_STATE_HOME"])).read_text())["pid"]
 
 

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from delvefs.devtools.localservices import LocalServices
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .mounting import CPU_MODES, FloorMount, add_cpu_option, cpu_mode, cpu_modes, mount_s3fs

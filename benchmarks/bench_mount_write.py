@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from delvefs.devtools.localservices import LocalServices
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .bench_mount import BASE, DELVEFS, RESULTS, log, wait_for

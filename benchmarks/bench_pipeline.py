@@ -64,7 +64,7 @@ import sys
 import time
 from pathlib import Path
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 from delvefs.shared.s3 import ensure_bucket, wire_notifications
 
 from .bench_mount import DELVEFS, RESULTS, DelveMount, log, wait_for

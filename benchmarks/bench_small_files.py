@@ -49,7 +49,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 from delvefs.devtools.localservices import LocalServices, free_port
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 

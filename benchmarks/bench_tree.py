@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 from delvefs.devtools.localservices import LocalServices
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 

@@ -2,7 +2,7 @@
 correct file system must — an in-memory tree of names, sizes and modes; a write keeps only
 the size, a read returns zeros — mounted and served the way a DelveFS mount is (the FUSE
 options, request loop, read-ahead and garbage-collector policy of
-``delvefs.client.fuse_adapter`` and ``delvefs.client.composition``; with ``--writeback``
+``delvefs.client.mount.fuse_adapter`` and ``delvefs.client.mount.composition``; with ``--writeback``
 the kernel's writeback cache, as an eager mount). What a benchmark measures on it is what
 the kernel, pyfuse3, trio and this machine cost; DelveFS's own cost is the rest.
 
@@ -28,7 +28,7 @@ import time
 import pyfuse3
 import trio
 
-from delvefs.client import fuse_adapter
+from delvefs.client.mount import fuse_adapter
 from delvefs.shared.quietgc import QuietGC
 
 ZEROS = bytes(1 << 20)  # a read of up to 1 MiB (the mount's request size) is a slice of it

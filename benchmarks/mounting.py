@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 
 FLOORFS = Path(__file__).resolve().parent / "floorfs.py"
 

@@ -1,7 +1,7 @@
 """The ``delvefs`` command: one console script, one subcommand per SPEC contract.
 
 Each subcommand's flags are declared here (the contract other tools rely on), but those
-of ``delvefs mount``: the table of delvefs/client/options.py declares each of them once,
+of ``delvefs mount``: the table of delvefs/client/mount/options.py declares each of them once,
 flag and ``-o`` option together. A subcommand's implementation lives in the module named
 in COMMANDS and is imported only when that subcommand runs, so ``delvefs check`` never
 loads pyfuse3 or pika. :func:`main_helper` is ``mount.fuse.delvefs``, mount(8)'s helper
@@ -14,21 +14,21 @@ import importlib
 import re
 import sys
 
-from .client.options import add_mount_arguments
+from .client.mount.options import add_mount_arguments
 
 # subcommand -> (module, function(args) -> exit code)
 COMMANDS = {
     "eventhandler": ("eventhandler.main", "run"),
     "notify": ("eventhandler.notify", "run"),
-    "mount": ("delvefs.client.mount", "run_mount"),
-    "umount": ("delvefs.client.mount", "run_umount"),
-    "sync": ("delvefs.client.mount", "run_sync"),
+    "mount": ("delvefs.client.commands.mount", "run_mount"),
+    "umount": ("delvefs.client.commands.mount", "run_umount"),
+    "sync": ("delvefs.client.commands.mount", "run_sync"),
     "check": ("rulesets.check", "run"),
-    "watch": ("delvefs.client.watch", "run"),
+    "watch": ("delvefs.client.commands.watch", "run"),
     "principal": ("eventhandler.auth", "run_principal_command"),
-    "status": ("delvefs.client.status", "run"),
-    "reload": ("delvefs.client.reload", "run"),
-    "shards": ("delvefs.client.shardctl", "run"),
+    "status": ("delvefs.client.commands.status", "run"),
+    "reload": ("delvefs.client.commands.reload", "run"),
+    "shards": ("delvefs.client.commands.shardctl", "run"),
 }
 
 
@@ -123,7 +123,7 @@ def _add_mount_commands(sub) -> None:
                        "returns when the mount is ready unless --foreground.")
     p.add_argument("views", metavar="VIEWS.yaml")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    add_mount_arguments(p)  # the table of delvefs/client/options.py: flags and -o alike
+    add_mount_arguments(p)  # the table of delvefs/client/mount/options.py: flags and -o alike
 
     p = sub.add_parser("umount", help="flush dirty files, then unmount")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")

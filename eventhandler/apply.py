@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from delvefs.shared.publish import BATCH_FIELD, manifest_batch
+from delvefs.shared.manifests import BATCH_FIELD, manifest_batch
 
 from .events import CREATE, REMOVE, TAGGING, Event
 from .records import (DELETED, HELD, OBJ_EVER, OBJ_FLAGS, OBJ_LV, OBJ_META, OBJ_SEQ, OBJ_SLOTS,

@@ -1,6 +1,6 @@
 """Tools for tests and benchmarks of the handler, not part of it: run ``delvefs
 eventhandler`` as a real subprocess on a free port, talk to its API (through
-:mod:`delvefs.client.handler_api`), publish crafted MinIO-format events."""
+:mod:`delvefs.client.handler.api`), publish crafted MinIO-format events."""
 from __future__ import annotations
 
 import os
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from delvefs.client.handler_api import HandlerError, SyncHandlerClient
-from delvefs.client.handler_requests import register_request
+from delvefs.client.handler.api import HandlerError, SyncHandlerClient
+from delvefs.client.handler.endpoints import register_request
 from delvefs.devtools.localservices import free_port
 from rulesets import View
 

@@ -26,7 +26,7 @@ thread or a job (the stop flag, failures).
 ``scanner``     (scans.py ``Scanner``) first scans, reconciles, rematches, compaction,
                 clearing forgotten slots; the listings under way
                                                  → catalog, committer, applier, tags
-``views``       (``Views`` here) registration, unregistering, forgetting, releasing a
+``views``       (``Listings`` here) registration, unregistering, forgetting, releasing a
                 bucket, the sweep of unused views, the registration log
                                                            → catalog, scanner, flips
 

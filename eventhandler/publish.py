@@ -2,7 +2,7 @@
 until its manifest and all the objects the manifest names are in, then released in one
 commit (one WriteBatch: a client's next listing or delta shows all of them, or none).
 
-What a mount writes is delvefs/shared/publish.py. Here:
+What a mount writes is delvefs/shared/manifests.py. Here:
 
 - An object event whose user metadata names a batch (``delvefs-batch``) is *held*: its
   record gets ``HELD`` (in no view; the committer, apply.py) and an ``H`` entry under the batch; the
@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 
-from delvefs.shared import publish as pub
+from delvefs.shared import manifests as batch_format
 
 from . import records as r
 
@@ -58,13 +58,13 @@ class BatchPublisher:
 
     def hold_batch(self, bucket: str, metadata: dict, now: float) -> str | None:
         """The batch an object event's record is to be held for, else None."""
-        batch = metadata.get(pub.BATCH_FIELD)
-        if not pub.valid_batch(batch):
+        batch = metadata.get(batch_format.BATCH_FIELD)
+        if not batch_format.valid_batch(batch):
             return None
         rec = self._batches.get((bucket, batch))
         if rec is not None:
             return None if rec["committed"] or rec["deadline"] <= now else batch
-        return batch if min(pub.batch_time(batch), now) + self.publish_timeout > now else None
+        return batch if min(batch_format.batch_time(batch), now) + self.publish_timeout > now else None
 
     def batch_writes(self, holds, manifests, now: float):
         """Note held objects (bucket, batch, key, seq, etag) and manifest events; the
@@ -78,14 +78,14 @@ class BatchPublisher:
         for ev, batch in manifests:
             meta = ev.metadata
             try:
-                count, digest = int(meta.get(pub.COUNT_FIELD, "")), meta.get(pub.DIGEST_FIELD, "")
+                count, digest = int(meta.get(batch_format.COUNT_FIELD, "")), meta.get(batch_format.DIGEST_FIELD, "")
             except ValueError:
                 count, digest = -1, ""
-            if not 0 <= count <= MAX_BATCH or len(digest) != 64 or meta.get(pub.BATCH_FIELD) != batch:
+            if not 0 <= count <= MAX_BATCH or len(digest) != 64 or meta.get(batch_format.BATCH_FIELD) != batch:
                 log.warning("manifest %s/%s: unusable metadata %r: ignored", ev.bucket, ev.key, meta)
                 continue
             rec = self._batches.get((ev.bucket, batch))
-            if rec is None and min(pub.batch_time(batch), now) + self.publish_timeout <= now:
+            if rec is None and min(batch_format.batch_time(batch), now) + self.publish_timeout <= now:
                 continue  # past its deadline: its objects are shown already
             rec = self._batch_record(ev.bucket, batch, now)
             if rec["committed"] or rec["count"] is not None:
@@ -104,7 +104,7 @@ class BatchPublisher:
     def _batch_record(self, bucket: str, batch: str, now: float) -> dict:
         rec = self._batches.get((bucket, batch))
         if rec is None:
-            rec = {"deadline": min(pub.batch_time(batch), now) + self.publish_timeout,
+            rec = {"deadline": min(batch_format.batch_time(batch), now) + self.publish_timeout,
                    "count": None, "digest": None, "committed": False}
             self._batches = {**self._batches, (bucket, batch): rec}
         return rec
@@ -129,7 +129,7 @@ class BatchPublisher:
             members = self._still_held(bucket, batch)
             live = [(key, obj) for key, obj, _ in members if obj is not None]
             if len(live) != rec["count"] or any(r.is_tags_pending(obj) for _, obj in live) or \
-                    pub.batch_digest((key, r.etag_of(obj)) for key, obj in live) != rec["digest"]:
+                    batch_format.batch_digest((key, r.etag_of(obj)) for key, obj in live) != rec["digest"]:
                 continue
             rec = {**rec, "committed": True}
             self._batches = {**self._batches, (bucket, batch): rec}
@@ -156,7 +156,7 @@ class BatchPublisher:
         out = set()
         for (bucket, _key), (_old, new) in work.items():
             if new is not None and r.is_held(new):
-                batch = (new[r.OBJ_META] or {}).get(pub.BATCH_FIELD)
+                batch = (new[r.OBJ_META] or {}).get(batch_format.BATCH_FIELD)
                 if batch is not None:
                     out.add((bucket, batch))
         return out

@@ -50,7 +50,7 @@ key                    value                                                    
                         until epoch ``until``), done or failed (set aside after
                         ``max_failures`` attempts)
 ``P`` bucket\\0 batch   {"deadline", "count", "digest", "committed"}: a batch of    batches,
-                        an atomic directory publish (delvefs/shared/publish.py):    publish
+                        an atomic directory publish (delvefs/shared/manifests.py):    publish
                         its manifest's count and digest once it arrived (None
                         before), whether it was shown; removed at its deadline
 ``H`` bucket\\0 batch   [seq, etag]: an object held back for the batch (its record   batches,

@@ -14,7 +14,7 @@ import os
 import time
 from email.utils import parsedate_to_datetime
 
-from delvefs.shared.publish import manifest_batch
+from delvefs.shared.manifests import manifest_batch
 
 from . import records as r
 from . import statedb as st

@@ -3,7 +3,7 @@ system that passes every request on to a local directory — the least a file sy
 real workflow can run on must do (benchmarks/floorfs.py keeps no bytes: its reads are zeros,
 so bowtie2 and samtools cannot run on it). It is mounted and served as floorfs.py is, i.e.
 as a DelveFS mount is (the FUSE options, request loop, read-ahead and collector policy of
-``delvefs.client.fuse_adapter``: floorfs.serve), with ``--writeback`` the kernel's writeback
+``delvefs.client.mount.fuse_adapter``: floorfs.serve), with ``--writeback`` the kernel's writeback
 cache as an eager mount. What a workflow costs on it beyond the local disk is what the
 kernel, pyfuse3, trio and this machine cost; DelveFS's own cost is the rest.
 
@@ -26,7 +26,7 @@ import pyfuse3
 import trio
 
 from benchmarks.floorfs import serve
-from delvefs.client import fuse_adapter
+from delvefs.client.mount import fuse_adapter
 
 
 def _oserror(fn):

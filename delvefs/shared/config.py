@@ -3,7 +3,7 @@
 The environment variables of S3, of the handler's address and credentials, and of the
 mount: their names and defaults are here. Each function reads ``env`` (default
 os.environ) when called, never at import; a flag, where there is one, wins. A mount reads
-them once, into its settings (delvefs/client/settings.py). Read beside the code they tune
+them once, into its settings (delvefs/client/mount/settings.py). Read beside the code they tune
 instead: the event handler's own tuning variables (eventhandler/: the reconcile interval,
 the SQS pollers, ...; the bucket listing's page size, shared/s3.py), the default log level
 (shared/logsetup.py) and botocore's and the lean S3 client's CA bundle (``AWS_CA_BUNDLE``).

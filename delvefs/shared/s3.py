@@ -191,7 +191,7 @@ def head_object(client, bucket: str, key: str) -> dict:
             "metadata": dict(r.get("Metadata") or {})}
 
 
-# --- write path of the FUSE client (delvefs.client.s3async calls these from worker threads) ---
+# --- write path of the FUSE client (delvefs.client.mount.s3async calls these from worker threads) ---
 
 def _tagging(tags: dict[str, str] | None) -> str:
     import urllib.parse
@@ -441,7 +441,7 @@ def store_date(client, bucket: str) -> str | None:
     return resp["ResponseMetadata"]["HTTPHeaders"].get("date")
 
 
-# ---- bucket checks of the FUSE client's mount (delvefs.client.s3async) ------------------
+# ---- bucket checks of the FUSE client's mount (delvefs.client.mount.s3async) ------------------
 
 def check_bucket(client, bucket: str) -> None:
     """HeadBucket with a boto3 client: returns when the bucket exists and the client may

@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from delvefs.client.datacache import DataCache
-from delvefs.client.errors import FsError
-from delvefs.client.fs.core import FileSystem
-from delvefs.client.settings import MountSettings
+from delvefs.client.mount.cache.datacache import DataCache
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs.core import FileSystem
+from delvefs.client.mount.settings import MountSettings
 from rulesets.model import View
 
 from .fakes import FakeHandler, FakeStore, RecordingNotifier

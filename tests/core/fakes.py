@@ -1,7 +1,7 @@
 """Fakes of the core's two collaborators: the event handler's API and S3.
 
 They follow docs/API.md (versions, pages, change log with 410) and the StoreError
-contract of delvefs.client.s3async, and count calls so tests can assert what was asked.
+contract of delvefs.client.mount.s3async, and count calls so tests can assert what was asked.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 
 import trio
 
-from delvefs.client.errors import Changed, StoreError
-from delvefs.client.handler_api import Resync
-from delvefs.client.writelog import WriteLog
+from delvefs.client.mount.errors import Changed, StoreError
+from delvefs.client.handler.api import Resync
+from delvefs.client.mount.writelog import WriteLog
 
 
 class FakeHandler:
@@ -82,7 +82,7 @@ class FakeHandler:
         """Fail (or wait) as the handler's state says, before an answer."""
         import trio
 
-        from delvefs.client.handler_api import HandlerError, HandlerUnavailable
+        from delvefs.client.handler.api import HandlerError, HandlerUnavailable
         deadline = trio.current_time() + self.timeout
         while self.hang:
             if trio.current_time() >= deadline:

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from delvefs.client.errors import FsError
+from delvefs.client.mount.errors import FsError
 
 from .conftest import view
 
@@ -246,9 +246,9 @@ async def test_a_deleted_object_is_enoent_on_first_read(make_world):
 
 
 async def test_a_dirty_entry_gets_only_the_bytes_still_missing_never_over_a_write(tmp_path):
-    from delvefs.client.cacheentry import CacheEntry
-    from delvefs.client.datacache import DataCache
-    from delvefs.client.ranges import RangeSet
+    from delvefs.client.mount.cache.cacheentry import CacheEntry
+    from delvefs.client.mount.cache.datacache import DataCache
+    from delvefs.client.mount.cache.ranges import RangeSet
 
     from .fakes import FakeStore
     store = FakeStore()

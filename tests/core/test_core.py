@@ -8,8 +8,8 @@ import logging
 import pytest
 import trio
 
-from delvefs.client.errors import FsError
-from delvefs.client.fs.inodes import ROOT_INODE, flat_key, flat_name
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs.inodes import ROOT_INODE, flat_key, flat_name
 
 from .conftest import view
 
@@ -391,7 +391,7 @@ async def test_handler_down_is_eio_for_a_view_never_listed_only(make_world, mock
 async def test_a_first_listing_waits_for_the_bucket_scan_its_waiters_share(make_world, mock_clock,
                                                                             caplog):
     mock_clock.autojump_threshold = 0
-    caplog.set_level(logging.INFO, "delvefs.client.fs.views")
+    caplog.set_level(logging.INFO, "delvefs.client.mount.fs.listings")
     w = make_world()
     w.add("v", "data/a", b"x")
     w.handler.scanning = True

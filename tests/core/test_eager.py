@@ -10,10 +10,11 @@ import pytest
 import trio
 import trio.testing
 
-from delvefs.client import datacache, journal
-from delvefs.client.errors import FsError
-from delvefs.client.fs.deletes import DeleteQueue
-from delvefs.client.settings import MountSettings
+from delvefs.client.mount.cache import datacache
+from delvefs.client.mount.cache import journal
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs.deletes import DeleteQueue
+from delvefs.client.mount.settings import MountSettings
 
 from .conftest import view
 from .fakes import held

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from delvefs.client.errors import FsError
+from delvefs.client.mount.errors import FsError
 
 from .conftest import view
 from .fakes import held

@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from delvefs.client.errors import FsError
-from delvefs.client.fs.inodes import dir_value, relative_path, value_dir
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs.inodes import dir_value, relative_path, value_dir
 from rulesets.model import View, default_root
 
 pytestmark = pytest.mark.trio

@@ -34,9 +34,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule, run_state_machine_as_test)
 from trio.testing import MockClock
 
-from delvefs.client.errors import FsError
-from delvefs.client.fs.inodes import ROOT_INODE
-from delvefs.client.settings import MountSettings
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs.inodes import ROOT_INODE
+from delvefs.client.mount.settings import MountSettings
 
 from .conftest import World, view
 from .fakes import FakeStore

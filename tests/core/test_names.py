@@ -9,9 +9,10 @@ import os
 
 import pytest
 
-from delvefs.client.errors import FsError
-from delvefs.client.fs.inodes import NAME_MAX, flat_name, is_cut, relative_path, unshowable
-from delvefs.client.status import format_mount, views_report
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs.inodes import NAME_MAX, flat_name, is_cut, relative_path, unshowable
+from delvefs.client.commands.status import format_mount
+from delvefs.client.mount.report import views_report
 
 from .conftest import view
 
@@ -35,7 +36,7 @@ def not_shown_log(caplog) -> list[str]:
 
 
 async def test_keys_without_a_name_are_skipped_counted_and_logged_once(make_world, mock_clock, caplog):
-    caplog.set_level(logging.WARNING, "delvefs.client.fs.tree")
+    caplog.set_level(logging.WARNING, "delvefs.client.mount.fs.tree")
     w = make_world(view("t", object="data/*"), view("f", object="data/*", layout="flat"))
     for key in ODD_KEYS:
         w.add("t", key, key.encode())

@@ -10,7 +10,7 @@ import logging
 import pytest
 import trio
 
-from delvefs.client.errors import FsError
+from delvefs.client.mount.errors import FsError
 
 from .conftest import view
 
@@ -27,7 +27,7 @@ def clock(mock_clock):
 
 @pytest.fixture
 def views_log(caplog):
-    caplog.set_level(logging.INFO, "delvefs.client.fs.views")
+    caplog.set_level(logging.INFO, "delvefs.client.mount.fs.listings")
 
     def lines(text: str) -> list[str]:
         return [r.message for r in caplog.records if text in r.message]

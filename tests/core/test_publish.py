@@ -7,8 +7,8 @@ import errno
 
 import pytest
 
-from delvefs.client.errors import FsError, StoreError
-from delvefs.shared import publish as pub
+from delvefs.client.mount.errors import FsError, StoreError
+from delvefs.shared import manifests as batch_format
 
 from .conftest import view
 
@@ -22,16 +22,16 @@ def wview(name="v", **kw):
 
 def batch_objects(w, bucket="b"):
     """{key: (batch, etag)} of the objects of ``bucket`` that name a batch."""
-    return {k: (o["metadata"][pub.BATCH_FIELD], o["etag"]) for (b, k), o in w.store.objects.items()
-            if b == bucket and pub.BATCH_FIELD in o["metadata"]}
+    return {k: (o["metadata"][batch_format.BATCH_FIELD], o["etag"]) for (b, k), o in w.store.objects.items()
+            if b == bucket and batch_format.BATCH_FIELD in o["metadata"]}
 
 
 def assert_manifest_names(w, manifest: dict, objects: dict) -> None:
-    batch = manifest["metadata"][pub.BATCH_FIELD]
+    batch = manifest["metadata"][batch_format.BATCH_FIELD]
     items = [(k, etag) for k, (b, etag) in objects.items() if b == batch]
-    assert manifest["metadata"] == pub.manifest_metadata(batch, items)
-    assert manifest["key"] == pub.manifest_key(manifest["key"].rsplit(".delvefs-publish-", 1)[0], batch)
-    assert pub.manifest_batch(manifest["key"]) == batch
+    assert manifest["metadata"] == batch_format.manifest_metadata(batch, items)
+    assert manifest["key"] == batch_format.manifest_key(manifest["key"].rsplit(".delvefs-publish-", 1)[0], batch)
+    assert batch_format.manifest_batch(manifest["key"]) == batch
 
 
 async def test_a_renamed_directory_is_published_as_one_batch(make_world):
@@ -46,7 +46,7 @@ async def test_a_renamed_directory_is_published_as_one_batch(make_world):
     assert sorted(objects) == ["data/s1/a.sam", "data/s1/c.log", "data/s1/sub/b.stats"]
     assert len({b for b, _ in objects.values()}) == 1
     (manifest,) = w.store.manifests
-    assert manifest["key"] == "data/" + pub.MANIFEST_NAME + objects["data/s1/a.sam"][0]
+    assert manifest["key"] == "data/" + batch_format.MANIFEST_NAME + objects["data/s1/a.sam"][0]
     assert_manifest_names(w, manifest, objects)
     # the manifest is deleted once written; nothing is left in the journal
     assert sorted(k for _, k in w.store.objects) == sorted(objects)
@@ -123,13 +123,13 @@ async def test_a_dead_mounts_publish_record_is_taken_over_by_a_mount_of_its_view
     import json
     import os
 
-    from delvefs.client import journal
+    from delvefs.client.mount.cache import journal
     views = tmp_path / "views.yaml"
     views.write_text("v: {bucket: b}\n")
     dead = tmp_path / "mounts" / "dead"
     os.close(journal.claim(dead, str(views)))  # its mount is gone: the lock is free
     journal.PublishJournal(dead / journal.PUBLISH).write(
-        {"batch": pub.new_batch(0), "bucket": "b", "manifest": "m", "moves": []})
+        {"batch": batch_format.new_batch(0), "bucket": "b", "manifest": "m", "moves": []})
     here = tmp_path / "mounts" / "here"
     fd = journal.claim(here, str(views))
     try:

@@ -1,5 +1,5 @@
 """Writes to a part of a big object: no download at open, a rebuild at close whose unchanged
-ranges are copied server-side (delvefs.client.fs.rebuild), the ranges log that survives a
+ranges are copied server-side (delvefs.client.mount.fs.rebuild), the ranges log that survives a
 kill, conflicts of a sparse file."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delvefs.client.errors import FsError
-from delvefs.client.fs import rebuild
-from delvefs.client.ranges import RangeSet
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs import rebuild
+from delvefs.client.mount.cache.ranges import RangeSet
 
 from .conftest import view
 

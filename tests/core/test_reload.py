@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from delvefs.client.fs.inodes import ROOT_INODE
-from delvefs.client.handler_api import HandlerUnavailable
+from delvefs.client.mount.fs.inodes import ROOT_INODE
+from delvefs.client.handler.api import HandlerUnavailable
 
 from .conftest import view
 from .fakes import FakeHandler

@@ -9,8 +9,8 @@ import time
 import pytest
 import trio
 
-from delvefs.client.errors import FsError
-from delvefs.client.fs.inodes import relative_path
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.fs.inodes import relative_path
 
 from .conftest import view
 
@@ -564,7 +564,7 @@ async def test_copy_file_range_in_the_kernels_pieces_is_one_server_side_copy(
         make_world, monkeypatch):
     # the kernel asks for at most COPY_PIECE bytes at a time (4 GiB less a page): the
     # first piece copies the whole object, the next ones find their bytes copied
-    from delvefs.client.fs import writes
+    from delvefs.client.mount.fs import writes
     monkeypatch.setattr(writes, "COPY_PIECE", 4)
     w = make_world(wview())
     w.add("v", "data/src", b"0123456789")

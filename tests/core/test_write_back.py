@@ -12,9 +12,10 @@ import trio
 import trio.testing
 
 from delvefs.cli import build_parser
-from delvefs.client.options import OptionError
-from delvefs.client.settings import MountSettings
-from delvefs.client.status import format_mount, upload_counts
+from delvefs.client.mount.options import OptionError
+from delvefs.client.mount.settings import MountSettings
+from delvefs.client.commands.status import format_mount
+from delvefs.client.mount.report import upload_counts
 
 from .conftest import view
 

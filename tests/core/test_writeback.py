@@ -9,7 +9,7 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from delvefs.client.errors import FsError
+from delvefs.client.mount.errors import FsError
 
 from .conftest import view
 from .fakes import held

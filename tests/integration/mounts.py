@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 
 from ..conftest import service_unavailable
 
@@ -84,7 +84,7 @@ class Mounts:
         return r
 
     def daemon_pid(self, mp) -> int:
-        from delvefs.client.mountpoints import run_file
+        from delvefs.client.mount.mountpoints import run_file
         run = run_file(str(mp), Path(self.env["DELVEFS_STATE_HOME"]))
         return json.loads(run.read_text())["pid"]
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from delvefs.client.handler_api import HandlerError, SyncHandlerClient
+from delvefs.client.handler.api import HandlerError, SyncHandlerClient
 
 from delvefs.shared import s3 as s3api
 from eventhandler.auth import add_principal

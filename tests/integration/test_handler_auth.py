@@ -19,8 +19,8 @@ import uuid
 import httpx
 import pytest
 
-from delvefs.client.handler_api import HandlerError, SyncHandlerClient
-from delvefs.client.handler_requests import register_request
+from delvefs.client.handler.api import HandlerError, SyncHandlerClient
+from delvefs.client.handler.endpoints import register_request
 from delvefs.devtools.localservices import free_port
 from delvefs.shared import s3 as s3mod
 from delvefs.shared.config import S3Settings

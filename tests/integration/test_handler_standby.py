@@ -15,7 +15,7 @@ import uuid
 import pika
 import pytest
 
-from delvefs.client.handler_api import HandlerUnavailable, SyncHandlerClient
+from delvefs.client.handler.api import HandlerUnavailable, SyncHandlerClient
 from delvefs.shared.config import S3Settings
 from delvefs.shared.s3 import ensure_bucket, make_client, presigned_list_url, wire_notifications
 from eventhandler.amqp import UPGRADE_SUFFIX, queue_arguments, queue_names

@@ -1,4 +1,4 @@
-"""The mount's control channel (delvefs/client/control.py) with a real mount: the
+"""The mount's control channel (delvefs/client/mount/control.py) with a real mount: the
 operations `delvefs sync`, `status` and `reload` are sent over."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .mounts import handler, mounts, tree_views  # noqa: F401
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
 ASK = ("import json, sys\n"
-       "from delvefs.client import control\n"
+       "from delvefs.client.mount import control\n"
        "try:\n"
        "    print(json.dumps(control.request(sys.argv[1], sys.argv[2], timeout=30)))\n"
        "except control.ControlError as exc:\n"

@@ -138,5 +138,5 @@ def test_a_busy_metrics_address_fails_the_mount_and_leaves_nothing_mounted(mount
         r = mounts.run("mount", str(mounts.views(data_views(bucket))), str(mp),
                        "--cache-dir", str(tmp_path / "cache-busy"), "-o", f"metrics_addr=127.0.0.1:{port}")
     assert r.returncode == 1 and f"metrics address 127.0.0.1:{port}" in r.stderr, r.stderr
-    from delvefs.client.mountpoints import mounted_fstype
+    from delvefs.client.mount.mountpoints import mounted_fstype
     assert mounted_fstype(str(mp)) is None

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from delvefs.client.fs.inodes import NAME_MAX, flat_name, is_cut
+from delvefs.client.mount.fs.inodes import NAME_MAX, flat_name, is_cut
 from delvefs.shared.s3 import presigned_list_url
 from eventhandler.devtools import Publisher, spec
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until
@@ -90,7 +90,7 @@ def test_read_only_mount_refuses_writes_and_shows_no_write_bits(mounts, s3, buck
     assert f.read_bytes() == b"hello"
     # log_level=debug: one line per FUSE request in the daemon's (rotated) log
     log = (mounts.tmp / f"cache-{mounts.count}" / "mount.log").read_text()
-    assert "DEBUG delvefs.client.fuse_adapter: lookup(" in log
+    assert "DEBUG delvefs.client.mount.fuse_adapter: lookup(" in log
     mounts.umount(mp)
 
 

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from delvefs.client.passthrough import has_cap_sys_admin
+from delvefs.client.mount.passthrough import has_cap_sys_admin
 from delvefs.devtools.localservices import free_port
 
 from ..waiting import wait_until

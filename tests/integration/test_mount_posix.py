@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.client import fuse_adapter
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount import fuse_adapter
+from delvefs.client.mount.mountpoints import mounted_fstype
 
 from ..conftest import service_unavailable
 from ..waiting import wait_until

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from delvefs.shared import publish as pub
+from delvefs.shared import manifests as batch_format
 
 from ..waiting import wait_until
 from .mounts import listdir, mounts, put  # noqa: F401
@@ -108,11 +108,11 @@ def test_a_mount_killed_before_the_manifest_publishes_at_its_next_mount(mounts, 
     writer = mount_through(mounts, proxy, bucket, cache_dir=cache)
     reader = mount_through(mounts, proxy, bucket)
     tmp = write_sample(writer, "s1")
-    proxy.hold(pub.MANIFEST_NAME)  # the manifest's PUT never gets out
+    proxy.hold(batch_format.MANIFEST_NAME)  # the manifest's PUT never gets out
     mv = subprocess.Popen(["mv", tmp, str(writer / "out" / "s1")], stderr=subprocess.PIPE)
     try:
         wait_until(lambda: proxy.requests("PUT", since=None) and any(
-            pub.MANIFEST_NAME in r.key for r in proxy.requests("PUT")), TIMEOUT,
+            batch_format.MANIFEST_NAME in r.key for r in proxy.requests("PUT")), TIMEOUT,
             "the manifest's PUT (after the uploads)")
         keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="out/s1/")["Contents"])
         assert keys == [f"out/s1/{f}" for f in FILES]  # plain S3 sees them: dual access
@@ -134,7 +134,7 @@ def test_a_mount_killed_before_the_manifest_publishes_at_its_next_mount(mounts, 
     wait_until(lambda: listdir(reader / "out" / "s1") == sorted(FILES), TIMEOUT,
                "the next mount writes the manifest: all of s1 shows")
     assert (reader / "out" / "s1" / "x.stats").read_bytes() == b"s1/x.stats\n" * 100
-    assert not any(pub.MANIFEST_NAME in o["Key"]
+    assert not any(batch_format.MANIFEST_NAME in o["Key"]
                    for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
 
 
@@ -142,17 +142,17 @@ def test_any_s3_client_publishes_with_a_manifest(mounts, proxy, bucket, s3):  # 
     """docs/API.md's example: objects with the batch's metadata, then the manifest."""
     import time
     reader = mount_through(mounts, proxy, bucket)
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     items = []
     for name in ("s1.bam", "s1.bam.bai"):
         r = s3.put_object(Bucket=bucket, Key=f"out/s1/{name}", Body=name.encode(),
-                          Metadata={pub.BATCH_FIELD: batch})
+                          Metadata={batch_format.BATCH_FIELD: batch})
         items.append((f"out/s1/{name}", r["ETag"].strip('"')))
     put(s3, bucket, "out/s-marker", b"m")  # after the batch's objects: the reader is past them
     wait_until(lambda: "s-marker" in (listdir(reader / "out") or []), TIMEOUT, "the marker shown")
     assert "s1" not in listdir(reader / "out")
-    manifest = pub.manifest_key("out/", batch)
-    s3.put_object(Bucket=bucket, Key=manifest, Body=b"", Metadata=pub.manifest_metadata(batch, items))
+    manifest = batch_format.manifest_key("out/", batch)
+    s3.put_object(Bucket=bucket, Key=manifest, Body=b"", Metadata=batch_format.manifest_metadata(batch, items))
     s3.delete_object(Bucket=bucket, Key=manifest)
     wait_until(lambda: listdir(reader / "out" / "s1") == ["s1.bam", "s1.bam.bai"], TIMEOUT,
                "both shown once the manifest is in")
@@ -169,6 +169,6 @@ def test_a_directory_of_objects_renamed_is_copied_with_its_batch(mounts, proxy, 
     wait_until(lambda: listdir(reader / "out") == ["s6"] and listdir(reader / "out" / "s6") == sorted(FILES),
                TIMEOUT, "s6 shown whole, s5 gone")
     heads = [s3.head_object(Bucket=bucket, Key=f"out/s6/{f}") for f in FILES]
-    assert len({h["Metadata"][pub.BATCH_FIELD] for h in heads}) == 1
+    assert len({h["Metadata"][batch_format.BATCH_FIELD] for h in heads}) == 1
     assert all(h["Metadata"]["sample"] == "s5" for h in heads)  # their own metadata stays
     assert (reader / "out" / "s6" / "x.stats").read_bytes() == b"x.stats"

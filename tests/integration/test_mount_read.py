@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 
 from ..waiting import wait_until
 from .mounts import CHANGE_TIMEOUT, TTL, handler, listdir, mounts, put, tree_views  # noqa: F401

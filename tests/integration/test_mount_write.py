@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 
 from ..waiting import wait_until
 from .mounts import (CHANGE_TIMEOUT, close_private_stack, data_views, handler, listdir,  # noqa: F401
@@ -297,7 +297,7 @@ def test_sigkilled_client_dirty_file_uploaded_at_next_mount(mounts, s3, bucket, 
 
 
 def test_sigterm_uploads_dirty_files_before_exit(mounts, s3, bucket):
-    from delvefs.client.mountpoints import process_alive
+    from delvefs.client.mount.mountpoints import process_alive
     mp = mounts.mount(write_views(bucket))
     pid = mounts.daemon_pid(mp)
     f = open(mp / "data/open.txt", "wb")

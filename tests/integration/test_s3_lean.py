@@ -14,8 +14,8 @@ import pytest
 
 from delvefs.shared import s3 as s3api
 from delvefs.shared.config import S3Settings
-from delvefs.client.errors import StoreError
-from delvefs.client.s3async import S3Store
+from delvefs.client.mount.errors import StoreError
+from delvefs.client.mount.s3async import S3Store
 
 pytestmark = [pytest.mark.services, pytest.mark.trio]
 

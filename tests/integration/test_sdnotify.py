@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from delvefs.client.mountpoints import mounted_fstype
+from delvefs.client.mount.mountpoints import mounted_fstype
 
 from ..waiting import wait_until
 from .mounts import DELVEFS, handler, mounts, put  # noqa: F401

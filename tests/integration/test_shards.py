@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from delvefs.client.handler_api import HandlerError, SyncHandlerClient
+from delvefs.client.handler.api import HandlerError, SyncHandlerClient
 from delvefs.devtools.localservices import free_port
 from delvefs.shared.s3 import ensure_bucket, presigned_list_url, wire_notifications
 from delvefs.shared.shards import ShardMap

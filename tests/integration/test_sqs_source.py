@@ -150,7 +150,7 @@ def test_a_notification_delivered_twice_is_applied_once(aws):
 
 def test_two_shards_each_consume_their_own_queue(aws, tmp_path):
     """One queue per shard; `delvefs notify` wires each bucket to its owner's queue."""
-    from delvefs.client.handler_api import SyncHandlerClient
+    from delvefs.client.handler.api import SyncHandlerClient
     from delvefs.devtools.localservices import free_port
     from delvefs.shared.shards import ShardMap
     ports = {name: free_port() for name in ("a", "b")}

@@ -10,8 +10,8 @@ import trio
 
 from delvefs.shared import s3 as s3mod
 from delvefs.shared.config import S3Settings
-from delvefs.client.errors import Changed, StopGet, StoreError
-from delvefs.client.s3async import S3Store
+from delvefs.client.mount.errors import Changed, StopGet, StoreError
+from delvefs.client.mount.s3async import S3Store
 
 pytestmark = [pytest.mark.services]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.client.proofs import proof_prefixes
+from delvefs.client.handler.proofs import proof_prefixes
 from delvefs.shared import s3
 from delvefs.shared.config import S3Settings, principal_of_token
 from eventhandler.auth import (GRANTED, LAPSED, NONE, Authenticator, Grants, ProofRefused,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from delvefs.cli import build_parser
-from delvefs.client.options import BY_NAME, IGNORED
+from delvefs.client.mount.options import BY_NAME, IGNORED
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "CONFIGURATION.md").read_text()

@@ -95,7 +95,7 @@ def test_the_start_here_path_cites_only_what_exists():
 def _core_arrows() -> dict[str, list[str]]:
     """part -> what ``FileSystem.__init__`` gives it (other parts; ``cache``, ``store``,
     ``handler``), in the order it builds them."""
-    tree = ast.parse((ROOT / "delvefs/client/fs/core.py").read_text())
+    tree = ast.parse((ROOT / "delvefs/client/mount/fs/core.py").read_text())
     fs = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FileSystem")
     init = next(n for n in fs.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
     arrows = {}

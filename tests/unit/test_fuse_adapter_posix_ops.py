@@ -10,8 +10,8 @@ import trio
 
 pyfuse3 = pytest.importorskip("pyfuse3")
 
-from delvefs.client.errors import FsError  # noqa: E402
-from delvefs.client.fuse_adapter import Adapter  # noqa: E402
+from delvefs.client.mount.errors import FsError  # noqa: E402
+from delvefs.client.mount.fuse_adapter import Adapter  # noqa: E402
 
 
 class RecordingCore(SimpleNamespace):

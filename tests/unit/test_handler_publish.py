@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from delvefs.shared import publish as pub
+from delvefs.shared import manifests as batch_format
 from eventhandler import statedb as st
 from eventhandler.devtools import spec
 from eventhandler.engine import Engine
@@ -41,14 +41,14 @@ def engine(db):
 
 
 def obj_event(key, seq, etag, batch=None):
-    meta = {pub.BATCH_FIELD: batch} if batch else None
+    meta = {batch_format.BATCH_FIELD: batch} if batch else None
     return parse_message(make_message("s3:ObjectCreated:Copy", "b", key, seq, size=3, etag=etag,
                                       metadata=meta)[0])
 
 
 def manifest_event(parent, batch, items, seq, **override):
-    meta = {**pub.manifest_metadata(batch, items), **override}
-    return parse_message(make_message("s3:ObjectCreated:Put", "b", pub.manifest_key(parent, batch),
+    meta = {**batch_format.manifest_metadata(batch, items), **override}
+    return parse_message(make_message("s3:ObjectCreated:Put", "b", batch_format.manifest_key(parent, batch),
                                       seq, size=2, etag="m", metadata=meta)[0])
 
 
@@ -69,7 +69,7 @@ def test_objects_show_together_when_the_manifest_arrives(engine):
     info = view(engine)
     engine.apply_events(obj_event("out/other", NOW_NS, "e0"))  # an ordinary object: at once
     before = engine.buckets["b"].committed
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     publish_objects(engine, batch)
     assert keys(engine, info) == ["out/other"]
     assert engine.changes(info, before, 100)["changes"] == []
@@ -80,14 +80,14 @@ def test_objects_show_together_when_the_manifest_arrives(engine):
     assert sorted(c["key"] for c in delta["changes"]) == [k for k, _ in FILES]
     assert all(c["op"] == "put" for c in delta["changes"])
     # the manifest is no object, and its batch is done with
-    assert engine.lookup("b", pub.manifest_key("out/", batch)) is None
+    assert engine.lookup("b", batch_format.manifest_key("out/", batch)) is None
     assert engine.store.held_members("b", batch) == []
     assert engine.metrics.publish_committed._value.get() == 1
 
 
 def test_a_manifest_before_its_objects_waits_for_all_of_them(engine):
     info = view(engine)
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     engine.apply_events(manifest_event("out/", batch, FILES, NOW_NS))
     publish_objects(engine, batch, FILES[:2])
     assert keys(engine, info) == []
@@ -102,7 +102,7 @@ def test_a_manifest_before_its_objects_waits_for_all_of_them(engine):
 ])
 def test_a_manifest_that_does_not_name_exactly_the_held_objects_releases_nothing(engine, forged):
     info = view(engine)
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     publish_objects(engine, batch)
     engine.apply_events(manifest_event("out/", batch, forged, NOW_NS + 10))
     assert keys(engine, info) == []
@@ -110,7 +110,7 @@ def test_a_manifest_that_does_not_name_exactly_the_held_objects_releases_nothing
 
 def test_a_replaced_object_is_no_longer_the_version_held(engine):
     info = view(engine)
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     publish_objects(engine, batch)
     engine.apply_events(obj_event("out/s1/a.sam", NOW_NS + 5, "other"))  # someone else's PUT
     assert keys(engine, info) == ["out/s1/a.sam"]
@@ -121,7 +121,7 @@ def test_a_replaced_object_is_no_longer_the_version_held(engine):
 def test_held_objects_and_the_manifest_survive_a_restart(db):
     eng = open_engine(db)
     info = view(eng)
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     publish_objects(eng, batch)
     eng.close()
     eng.store.close()
@@ -141,7 +141,7 @@ def test_a_batch_without_manifest_is_shown_at_its_deadline(db):
     eng = open_engine(db, timeout=60.0)
     try:
         info = view(eng)
-        batch = pub.new_batch(time.time())
+        batch = batch_format.new_batch(time.time())
         publish_objects(eng, batch)
         assert eng.expire_batches(time.time() + 1) == 0
         assert keys(eng, info) == []
@@ -158,24 +158,24 @@ def test_a_batch_without_manifest_is_shown_at_its_deadline(db):
 
 def test_copies_of_published_objects_are_not_held(engine):
     info = view(engine)
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     publish_objects(engine, batch)
     engine.apply_events(manifest_event("out/", batch, FILES, NOW_NS + 10))
     # a later copy carries the metadata along: the batch is committed, so it shows at once
     engine.apply_events(obj_event("out/copy", NOW_NS + 20, "e1", batch))
     assert "out/copy" in keys(engine, info)
     # so does an object naming a batch older than the publish timeout
-    old = pub.new_batch(time.time() - 7200)
+    old = batch_format.new_batch(time.time() - 7200)
     engine.apply_events(obj_event("out/old", NOW_NS + 30, "e7", old))
     assert "out/old" in keys(engine, info)
 
 
 def test_an_unusable_manifest_is_ignored(engine):
     info = view(engine)
-    batch = pub.new_batch(time.time())
+    batch = batch_format.new_batch(time.time())
     publish_objects(engine, batch)
     engine.apply_events(manifest_event("out/", batch, FILES, NOW_NS + 10,
-                                       **{pub.COUNT_FIELD: "many"}))
+                                       **{batch_format.COUNT_FIELD: "many"}))
     assert keys(engine, info) == []
     engine.apply_events(manifest_event("out/", batch, FILES, NOW_NS + 11))
     assert keys(engine, info) == [k for k, _ in FILES]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from delvefs.client.journal import Journal
+from delvefs.client.mount.cache.journal import Journal
 
 
 def record(name: str, key: str = "k") -> dict:
@@ -36,7 +36,7 @@ def test_an_empty_record_left_by_a_mount_killed_while_creating_it_is_dropped(tmp
 def test_a_read_leaves_this_processs_tmp_files_alone(tmp_path):
     # a background read (publishes left at start) while a rename writes its record: the
     # record's tmp file must survive until it is renamed into place
-    from delvefs.client.journal import PublishJournal, _TMP_TAG
+    from delvefs.client.mount.cache.journal import PublishJournal, _TMP_TAG
     j = PublishJournal(tmp_path / "publish")
     mine = tmp_path / "publish" / f"batch1{_TMP_TAG}tmp"
     mine.write_text("{}")

@@ -12,9 +12,9 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from delvefs.client import metrics as mm
-from delvefs.client.options import OptionError, as_flags, parse_address, read
-from delvefs.client.settings import MountSettings
+from delvefs.client.mount import metrics as mm
+from delvefs.client.mount.options import OptionError, as_flags, parse_address, read
+from delvefs.client.mount.settings import MountSettings
 from delvefs.shared.histogram import Histogram, Timings, cumulative
 
 
@@ -143,8 +143,8 @@ def test_the_mount_counts_its_s3_requests_by_operation():
 
 
 def test_the_store_names_each_request_it_sends():
-    from delvefs.client.s3async import S3Store
-    from delvefs.client.errors import StoreError
+    from delvefs.client.mount.s3async import S3Store
+    from delvefs.client.mount.errors import StoreError
 
     def head_object(client, bucket, key):
         return {"etag": "e"}
@@ -203,7 +203,7 @@ def test_the_http_server_answers_get_metrics_and_nothing_else(tmp_path):
 
 
 def test_a_busy_address_fails_the_mount(tmp_path):
-    from delvefs.client.mountpoints import MountError
+    from delvefs.client.mount.mountpoints import MountError
 
     async def main():
         first = exporter(tmp_path, metrics_addr=("127.0.0.1", 0))
@@ -236,7 +236,7 @@ def test_the_textfile_is_written_at_once_then_every_interval_and_removed_at_the_
 
 
 def test_an_unwritable_textfile_fails_the_mount(tmp_path):
-    from delvefs.client.mountpoints import MountError
+    from delvefs.client.mount.mountpoints import MountError
     ex = exporter(tmp_path, metrics_textfile=str(tmp_path / "missing" / "x.prom"))
     with pytest.raises(MountError, match="metrics file"):
         trio.run(ex.open)
@@ -291,8 +291,8 @@ def test_the_adapter_times_each_request_by_operation_and_counts_failures():
     pytest.importorskip("pyfuse3")
     import pyfuse3
 
-    from delvefs.client.errors import FsError
-    from delvefs.client.fuse_adapter import Adapter
+    from delvefs.client.mount.errors import FsError
+    from delvefs.client.mount.fuse_adapter import Adapter
 
     class Core(SimpleNamespace):
         async def fallocate(self, *args):

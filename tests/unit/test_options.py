@@ -13,11 +13,11 @@ import trio
 
 from delvefs import __version__, cli
 from delvefs.cli import build_parser, main
-from delvefs.client import options
-from delvefs.client.errors import FsError
-from delvefs.client.options import OptionError
-from delvefs.client.settings import MountSettings, capped_scan_wait
-from delvefs.client.viewsfile import load_views
+from delvefs.client.mount import options
+from delvefs.client.mount.errors import FsError
+from delvefs.client.mount.options import OptionError
+from delvefs.client.mount.settings import MountSettings, capped_scan_wait
+from delvefs.client.mount.viewsfile import load_views
 from tests.core.conftest import World, view
 
 
@@ -195,8 +195,8 @@ def test_cache_size_units(text, size):
 
 
 def test_cache_keeps_a_free_space_floor(tmp_path, monkeypatch):
-    from delvefs.client.cacheentry import CacheEntry
-    from delvefs.client.datacache import DataCache
+    from delvefs.client.mount.cache.cacheentry import CacheEntry
+    from delvefs.client.mount.cache.datacache import DataCache
     cache = DataCache(tmp_path)
     for i in range(4):
         e = CacheEntry("b", f"k{i}", str(tmp_path / f"f{i}"))

@@ -1,11 +1,14 @@
 """Each piece of the mount's state has one owner, checked over the source (AST), not promised.
 
-Two rules over the mount's modules (``delvefs/client`` and its core ``fs/``):
+Rules over the client's modules (``delvefs/client``: the mount, its core ``mount/fs/``, the
+handler's client, the commands):
 
 1. A part never assigns or mutates a field of another part: no ``self.other.field = ...``,
    ``self.other.field[k] = ...``, ``del self.other.field[k]``, ``self.other.field += ...``
    or ``self.other.field.append(...)`` (or another mutating method) — it calls a method of
    that part instead.
+0. The rooms' imports go one way: ``commands`` may use ``mount`` and ``handler``, ``mount``
+   may use ``handler``, ``handler`` neither.
 2. The fields of a record (the classes in :data:`RECORDS`) are assigned or mutated only in
    the modules that own it (a method of the record itself may, through ``self``). A field
    name that two records share is owned by the owners of both.
@@ -22,30 +25,30 @@ CLIENT = Path(__file__).resolve().parents[2] / "delvefs" / "client"
 # record class -> (the module defining it, the modules that may change its fields)
 RECORDS: dict[str, tuple[str, frozenset[str]]] = {
     # the read-ahead's per-handle state
-    "Stream": ("fs/readahead.py", frozenset({"fs/readahead.py"})),
+    "Stream": ("mount/fs/readahead.py", frozenset({"mount/fs/readahead.py"})),
     # a layout by properties: each view's places
-    "Places": ("fs/layout.py", frozenset({"fs/layout.py"})),
+    "Places": ("mount/fs/layout.py", frozenset({"mount/fs/layout.py"})),
     # what the mount knows of a view's listing at the handler
-    "Listing": ("fs/catalog.py", frozenset({"fs/views.py"})),
-    "Refresh": ("fs/catalog.py", frozenset({"fs/views.py"})),
+    "Listing": ("mount/fs/catalog.py", frozenset({"mount/fs/listings.py"})),
+    "Refresh": ("mount/fs/catalog.py", frozenset({"mount/fs/listings.py"})),
     # the overlay of local changes
-    "Pending": ("fs/catalog.py", frozenset({"fs/tree.py"})),
+    "Pending": ("mount/fs/catalog.py", frozenset({"mount/fs/tree.py"})),
     # the tree: its shape and what a node shows
-    "Node": ("fs/inodes.py", frozenset({"fs/inodes.py", "fs/tree.py"})),
-    "File": ("fs/inodes.py", frozenset({"fs/inodes.py", "fs/tree.py"})),
-    "Dir": ("fs/inodes.py", frozenset({"fs/inodes.py", "fs/tree.py"})),
+    "Node": ("mount/fs/inodes.py", frozenset({"mount/fs/inodes.py", "mount/fs/tree.py"})),
+    "File": ("mount/fs/inodes.py", frozenset({"mount/fs/inodes.py", "mount/fs/tree.py"})),
+    "Dir": ("mount/fs/inodes.py", frozenset({"mount/fs/inodes.py", "mount/fs/tree.py"})),
     # open files: a reading handle is the reads part's, a writing one the writes part's
-    "FileHandle": ("fs/handles.py", frozenset({"fs/reads.py", "fs/writes.py"})),
-    "DirHandle": ("fs/handles.py", frozenset({"fs/attributes.py"})),
+    "FileHandle": ("mount/fs/handles.py", frozenset({"mount/fs/reads.py", "mount/fs/writes.py"})),
+    "DirHandle": ("mount/fs/handles.py", frozenset({"mount/fs/attributes.py"})),
     # a cached object: the cache (its bytes and bound) and the write side (dirty state)
-    "CacheEntry": ("cacheentry.py", frozenset({"datacache.py", "cachebound.py", "fs/dirty.py"})),
+    "CacheEntry": ("mount/cache/cacheentry.py", frozenset({"mount/cache/datacache.py", "mount/cache/cachebound.py", "mount/fs/dirty.py"})),
     # a dirty file's ranges log
-    "RangesLog": ("fs/dirty.py", frozenset({"fs/dirty.py"})),
+    "RangesLog": ("mount/fs/dirty.py", frozenset({"mount/fs/dirty.py"})),
     # a fetch of blocks under way
-    "Fetch": ("cacheentry.py", frozenset({"datacache.py"})),
+    "Fetch": ("mount/cache/cacheentry.py", frozenset({"mount/cache/datacache.py"})),
     # passthrough: a backing file, and an inode's open files
-    "Backing": ("passthrough.py", frozenset({"passthrough.py"})),
-    "InodeIO": ("passthrough.py", frozenset({"passthrough.py"})),
+    "Backing": ("mount/passthrough.py", frozenset({"mount/passthrough.py"})),
+    "InodeIO": ("mount/passthrough.py", frozenset({"mount/passthrough.py"})),
 }
 
 MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "remove", "clear",
@@ -136,3 +139,27 @@ def test_the_check_sees_a_change_through_another_part():
                      "  del self.b.z[3]\n  h.window += 1\n  self.mine = 4\n")
     found = sorted(ast.unparse(t) for _, _, t in _changes({"m.py": tree}))
     assert found == ["h.window", "self.b.x", "self.b.y", "self.b.z"]
+
+
+ROOMS_MAY_USE = {"handler": set(), "mount": {"handler"}, "commands": {"mount", "handler"}}
+
+
+def test_the_rooms_import_one_way():
+    bad = []
+    for name, tree in _modules().items():
+        room = name.split("/")[0]
+        if room not in ROOMS_MAY_USE:
+            continue
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                parts = t.split(".")
+                if parts[:2] == ["delvefs", "client"] and len(parts) > 2:
+                    other = parts[2]
+                    if other != room and other not in ROOMS_MAY_USE[room]:
+                        bad.append(f"{name}:{node.lineno}: imports {t}")
+    assert not bad, "an import against the rooms' direction:\n" + "\n".join(bad)

@@ -1,4 +1,4 @@
-"""The passthrough policy (delvefs/client/passthrough.py) against fakes of the core's
+"""The passthrough policy (delvefs/client/mount/passthrough.py) against fakes of the core's
 handles and cache: which opens the kernel may serve from their cache file, the kernel's
 one-mode-per-inode and one-backing-file-per-inode rules (fs/fuse/iomode.c: a mix is EIO),
 pinning, dropping ids, and falling back when the kernel refuses."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 import errno
 import os
 
-from delvefs.client.cacheentry import CacheEntry
-from delvefs.client.fs.handles import FileHandle
-from delvefs.client.fs.inodes import File
-from delvefs.client.passthrough import Passthrough, has_cap_sys_admin, report
-from delvefs.client.ranges import RangeSet
+from delvefs.client.mount.cache.cacheentry import CacheEntry
+from delvefs.client.mount.fs.handles import FileHandle
+from delvefs.client.mount.fs.inodes import File
+from delvefs.client.mount.passthrough import Passthrough, has_cap_sys_admin, report
+from delvefs.client.mount.cache.ranges import RangeSet
 
 
 class FakeCache:

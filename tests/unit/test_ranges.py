@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from delvefs.client.ranges import RangeSet
+from delvefs.client.mount.cache.ranges import RangeSet
 
 
 def test_add_merges_touching_and_overlapping_ranges():

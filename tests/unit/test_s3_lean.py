@@ -276,7 +276,7 @@ def test_handler_reader_is_lean_with_static_keys_only():
 def test_a_range_the_pinned_version_lacks_is_a_change_not_an_io_error():
     """A ranged GET pinned to an ETag that gets fewer bytes (or 416): the size the mount
     knew of that version is wrong — ``Changed``, so the read asks S3 again, never EIO."""
-    from delvefs.client.errors import Changed, store_error
+    from delvefs.client.mount.errors import Changed, store_error
     for status in (206, 416):
         err = store_error(s3.S3Error("InvalidRange", status, "0 bytes for the range 0-9"), "GET b/k")
         assert isinstance(err, Changed) and "size" in str(err)

@@ -1,7 +1,7 @@
 """Following a bucket that moves to another shard: the handler's record of the views it let
 go (eventhandler/sharding.py), the change stream's ``moved`` event and the client that
-follows it (delvefs/client/handler_requests.py, handler_api.py), and how ``delvefs watch``
-asks the mount to register a view the new owner does not know (delvefs/client/viewdir.py)."""
+follows it (delvefs/client/handler/endpoints.py, api.py), and how ``delvefs watch``
+asks the mount to register a view the new owner does not know (delvefs/client/commands/viewdir.py)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import json
 import httpx
 import pytest
 
-from delvefs.client import viewdir
-from delvefs.client.handler_api import HandlerError, Misdirected, SyncHandlerClient
-from delvefs.client.handler_requests import stream_changes
+from delvefs.client.commands import viewdir
+from delvefs.client.handler.api import HandlerError, Misdirected, SyncHandlerClient
+from delvefs.client.handler.endpoints import stream_changes
 from delvefs.shared.shards import ShardMap
 from eventhandler.sharding import HANDOFFS_FILE, Sharding
 

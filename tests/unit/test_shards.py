@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from delvefs.client import viewdir
-from delvefs.client.fs.xattrs import Xattrs
-from delvefs.client.handler_api import SyncHandlerClient
-from delvefs.client.shardctl import owner_of, owners
+from delvefs.client.commands import viewdir
+from delvefs.client.mount.fs.xattrs import Xattrs
+from delvefs.client.handler.api import SyncHandlerClient
+from delvefs.client.commands.shardctl import owner_of, owners
 from delvefs.devtools.localservices import free_port
 from delvefs.shared import shards as shards_module
 from delvefs.shared.shards import UNSHARDED, ShardMap, ShardMapError, shard_score

@@ -69,7 +69,7 @@ class Subscriber:
 
 def group_state(timeout: float = 5) -> dict | None:
     """The aligners' group as the handler's status shows it (None before it exists)."""
-    from ...client.handler_api import HandlerError, SyncHandlerClient
+    from ...client.handler.api import HandlerError, SyncHandlerClient
     with SyncHandlerClient(handler_url(), handler_token(), timeout=timeout) as handler:
         with contextlib.suppress(HandlerError):
             return next((g for g in handler.status().get("groups", []) if g["name"] == GROUP), None)

@@ -1,0 +1,455 @@
+"""Dirty files: the write side's state of cache entries, changed here and nowhere else.
+
+A file opened for writing is a *dirty* cache entry: a local file of its own
+(``data/w-<id>``, independent of the key, so renames only re-key it and no download can
+ever land on it; see ``DataCache.own_file``). Every dirty entry that holds a byte S3 does
+not have has a journal record ``journal/w-<id>.json`` (bucket, key, and ``meta``: view,
+``base`` — the ETag of the version it was based on, "" when the object did not exist —
+existing, tags, untag, since, and ``conflict`` for a conflict copy). It is written with
+tmp + rename before the first byte that differs from S3 is accepted (a write, a truncate)
+and when the upload is left to the background (``persist``: an eager close; not fsync'd),
+and removed when the upload succeeded: a mount that was SIGKILLed loses nothing it had
+accepted (a kernel or machine crash may lose the last ones); the next mount of its cache directory takes the records over
+(``restore``). Records of older versions have no ``base``: their upload checks with a HEAD.
+``make_durable`` (an fsync(2) of an eager mount with ``fsync=journal``) makes one entry
+survive a kernel crash or power loss too: its data file, ranges log and record fsync'd
+with the directory entries of all three.
+
+An entry's write-side state (``CacheEntry``):
+
+``dirty``      its content is this mount's, not (yet) an object in S3; never evicted
+``meta``       the journal record (None when clean); ``journaled``: it is on disk
+``gen``        bumped by every write and truncate: an upload that read the file before
+               a write leaves the entry dirty, to be uploaded again
+``writers``    handles open for writing (the last one's close uploads)
+
+Transitions: ``take`` (clean -> dirty, not journaled: a created, never written file is
+journaled lazily), ``journal``, ``written`` / ``truncate``, ``uploaded`` (dirty ->
+clean), ``rebased`` (uploaded, but written meanwhile: still dirty), ``redirty`` (written
+again through a handle still open after an upload), ``update_record`` (tags set while
+dirty, a rename's view), ``rekey`` (a rename), ``unsource`` (no longer based on the
+source's bytes), ``discard`` (unlinked or replaced: gone).
+
+Sparse dirty files. An existing object opened for writing (without O_TRUNC) is not
+downloaded: the entry's file is a sparse file of the object's size, ``present`` holds
+what the clean entry had cached, ``source`` = (bucket, key, ETag) of the base version and
+``source_len`` its size (the read side's fields: ``DataCache.ensure`` fetches missing
+bytes from it). The write side adds ``changed``: the bytes that differ from the source
+(writes; truncates shrink ``source_len``). An upload copies the unchanged ranges
+server-side (``delvefs.client.mount.fs.rebuild``). ``changed`` must survive a SIGKILL without
+rewriting the record per write: each entry with a source has an append-only *ranges log*
+``data/w-<id>.ranges`` of 16-byte records (start, end) — a write that continues the last
+record's range rewrites that record in place — created before the record names a source,
+removed after it; the record holds ``source`` and ``source_len`` (rewritten by a
+truncate, which is rare). Recovery reads the log: ``changed`` as written, ``present`` =
+``changed`` (what was fetched is fetched again when needed). A record with a source whose
+log is gone was removed after a completed upload (the log goes right after the record):
+it is dropped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import time
+
+import trio
+
+from ..cache.cacheentry import CacheEntry
+from ..cache.datacache import DataCache
+from ..errors import cache_file_error
+from ..cache.journal import sync_path
+from ..cache.ranges import RangeSet
+
+log = logging.getLogger(__name__)
+
+_RECORD = struct.Struct("<qq")  # one changed range of a ranges log: start, end
+
+
+class RangesLog:
+    """The changed ranges of one sparse dirty entry, in memory and (once ``open``) in its
+    append-only log file."""
+
+    __slots__ = ("path", "changed", "fd", "_last")
+
+    def __init__(self, path: str, changed: RangeSet | None = None):
+        self.path = path
+        self.changed = changed if changed is not None else RangeSet()
+        self.fd: int | None = None
+        self._last: tuple[int, int, int] | None = None  # (file offset, start, end) of the last record
+
+    def open(self) -> None:
+        """Create the log file with the ranges known so far. Raises OSError."""
+        if self.fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            data = b"".join(_RECORD.pack(s, e) for s, e in self.changed)
+            if data:
+                os.pwrite(fd, data, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self._last = None
+        if self.changed:
+            s, e = list(self.changed)[-1]
+            self._last = (len(data) - _RECORD.size, s, e)
+
+    def add(self, start: int, end: int) -> None:
+        """Bytes [start, end) were written. Raises OSError (the log file)."""
+        if self.changed.covers(start, end):
+            return
+        self.changed.add(start, end)
+        if self.fd is None:
+            return
+        last = self._last
+        if last is not None and last[1] <= start <= last[2]:  # continues the last record
+            at, start, end = last[0], last[1], max(end, last[2])
+        else:
+            at = os.fstat(self.fd).st_size if last is None else last[0] + _RECORD.size
+        if os.pwrite(self.fd, _RECORD.pack(start, end), at) != _RECORD.size:
+            raise OSError(28, "short write to the ranges log")
+        self._last = (at, start, end)
+
+    def close(self, remove: bool) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    @staticmethod
+    def read(path: str) -> RangeSet | None:
+        """The ranges a log holds (a torn last record ignored); None when there is none."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        changed = RangeSet()
+        for i in range(0, len(data) - _RECORD.size + 1, _RECORD.size):
+            s, e = _RECORD.unpack_from(data, i)
+            if 0 <= s < e:
+                changed.add(s, e)
+        return changed
+
+
+class DirtyFiles:
+    def __init__(self, cache: DataCache):
+        self.cache = cache
+        self._records = cache.journal  # the records of dirty files: this part writes them
+        self.logs: dict[str, RangesLog] = {}  # file name -> ranges log of a sparse entry
+
+    def _log(self, entry: CacheEntry) -> RangesLog | None:
+        return self.logs.get(os.path.basename(entry.path))
+
+    def changed(self, entry: CacheEntry) -> RangeSet:
+        """The bytes of a dirty entry that differ from its source."""
+        lg = self._log(entry)
+        return lg.changed if lg is not None else RangeSet([(0, entry.size)])
+
+    def entries(self) -> list[CacheEntry]:
+        return [e for e in self.cache.entries.values() if e.dirty]
+
+    def _record(self, entry: CacheEntry, *, view: str, base: str) -> dict:
+        return {"file": os.path.basename(entry.path), "view": view, "base": base,
+                "existing": bool(base), "tags": {}, "untag": [], "since": time.time()}
+
+    def take(self, bucket: str, key: str, *, view: str, base: str, truncate: bool,
+             held: int = 0, size: int = 0) -> CacheEntry:
+        """The dirty entry of ``bucket/key``: the one there is (emptied when ``truncate``),
+        else a new file of its own: empty (``truncate``, or a new object), or a sparse
+        file of the object's ``size`` based on version ``base`` (what the clean entry of
+        that version had cached taken over, see ``DataCache.own_file``; ``held``: the
+        caller's opens of the cached entry) — nothing is downloaded. Raises StoreError
+        (ENOSPC, EIO) when the cache disk refuses."""
+        entry = self.cache.get(bucket, key)
+        if entry is not None and entry.dirty:
+            if truncate and entry.size:
+                self.truncate(entry, 0)
+            for field, value in self._record(entry, view=view, base=base).items():
+                entry.meta.setdefault(field, value)
+            return entry
+        if entry is not None and entry.writers:
+            # uploaded (an fsync) while a descriptor still writes to it: it stays the key's
+            # one file, which every descriptor open for writing writes and reads
+            self.redirty(entry, view)
+            if truncate and entry.size:
+                self.truncate(entry, 0)
+            return entry
+        sparse = not truncate and bool(base) and size > 0
+        clean = entry if sparse and entry is not None and entry.etag == base \
+            and entry.size == size else None
+        present = None if clean is None or clean.present is None else clean.present.copy()
+        entry = self.cache.own_file(bucket, key, empty=clean is None, held=held)
+        entry.dirty = True
+        if sparse:
+            if clean is None:
+                present = RangeSet()
+                try:
+                    os.truncate(entry.path, size)
+                except OSError as exc:
+                    self.cache.drop(entry)
+                    raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
+                self.cache.resize(entry, size)
+            entry.present = present
+            entry.source, entry.source_len = (bucket, key, base), size
+            self.logs[os.path.basename(entry.path)] = RangesLog(entry.path + ".ranges")
+        self.cache.resize(entry, entry.size)  # counted as dirty: by its size
+        entry.meta = self._record(entry, view=view, base=base)
+        return entry
+
+    def journal(self, entry: CacheEntry) -> None:
+        """Make sure the dirty entry's record is on disk: before the first byte that differs
+        from S3 is accepted (a write, a truncate) and when an upload failed."""
+        if not entry.journaled and entry.meta is not None:
+            self._write(entry)
+
+    def _write(self, entry: CacheEntry, *, unless_same: bool = False) -> None:
+        r = entry.meta
+        r["bucket"], r["key"] = entry.bucket, entry.key
+        lg = self._log(entry)
+        if lg is not None and entry.source is not None:
+            try:
+                lg.open()  # before the record names its source (see the module's docstring)
+            except OSError as exc:
+                raise cache_file_error(exc, f"ranges log of {entry.bucket}/{entry.key}") from exc
+            r["source"], r["source_len"] = list(entry.source), entry.source_len
+        else:
+            r.pop("source", None)
+            r.pop("source_len", None)
+        self._records.write(r, unless_same=unless_same)
+        entry.journaled = True  # only once it is on disk: a failed write is tried again
+
+    def persist(self, entry: CacheEntry) -> None:
+        """Eager close: the record on disk before close returns — written here, on the loop,
+        only when it is not there yet (every change of a journaled record rewrites it). Not
+        fsync'd: the page cache outlives a killed process; only a kernel or machine crash
+        can lose the last eager closes (``fsync(2)`` waits for the upload, or with
+        ``fsync=journal`` for ``make_durable``). Raises StoreError."""
+        if entry.dirty and entry.meta is not None:
+            self.journal(entry)
+
+    async def make_durable(self, entry: CacheEntry) -> None:
+        """fsync(2) of an eager mount with ``fsync=journal``: the dirty entry survives a
+        kernel crash or power loss, not only a killed process. Its record is made current
+        here, on the loop (written when it is not on disk or what is there differs from the
+        entry's: ``take`` may have completed an old record in memory); then, in a worker
+        thread, the data file is fdatasync'd, its ranges log (a sparse entry's ``changed``:
+        a stale log would rebuild the object wrongly) and the data directory (their names)
+        fsync'd, and the record with its directory (``Journal.make_durable``). An entry
+        discarded or uploaded meanwhile needs nothing. Raises StoreError."""
+        if not entry.dirty or entry.meta is None:
+            return
+        self._write(entry, unless_same=True)
+        record, data = entry.meta, entry.path
+        lg = self._log(entry)
+        ranges = lg.path if lg is not None and lg.fd is not None else None
+
+        def sync() -> None:
+            for path, data_only in ((data, True), (ranges, False)):
+                if path is not None:
+                    try:
+                        sync_path(path, data_only=data_only)
+                    except FileNotFoundError:
+                        pass  # discarded (unlinked) or its log removed (unsourced) meanwhile
+            sync_path(self.cache.dir)
+            self._records.make_durable(record)
+        try:
+            await trio.to_thread.run_sync(sync)
+        except OSError as exc:
+            raise cache_file_error(
+                exc, f"cache file or journal of {entry.bucket}/{entry.key}") from exc
+
+    def _unjournal(self, entry: CacheEntry) -> None:
+        if entry.meta is not None:
+            if entry.journaled:
+                self._records.remove(entry.meta)
+            entry.meta = None
+            entry.journaled = False
+        lg = self.logs.pop(os.path.basename(entry.path), None)
+        if lg is not None:
+            lg.close(remove=True)  # after the record: a log without one is never needed
+
+    async def run_removals(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background: the records of uploaded files removed in batches (``Journal``)."""
+        await self._records.run_removals(task_status=task_status)
+
+    def settle_removals(self) -> None:
+        """Blocking: the records left to the background removed now."""
+        self._records.remove_doomed()
+
+    def add_writer(self, entry: CacheEntry) -> None:
+        """A handle opened for writing (it holds the entry open too)."""
+        self.cache.hold(entry)
+        entry.writers += 1
+
+    def drop_writer(self, entry: CacheEntry) -> None:
+        """A writing handle was released (its ``cache.release`` follows)."""
+        entry.writers -= 1
+
+    def written(self, entry: CacheEntry, start: int, end: int) -> None:
+        """Bytes [start, end) were written to the entry's file (journaled before). Raises
+        StoreError when the ranges log cannot take them."""
+        if end > entry.size:
+            self.cache.resize(entry, end)
+        entry.gen += 1
+        if entry.present is not None:
+            entry.present.add(start, end)
+        if entry.source is not None and start < entry.source_len:
+            lg = self._log(entry)
+            if lg is not None:
+                try:
+                    lg.add(start, end)
+                except OSError as exc:
+                    raise cache_file_error(exc, f"ranges log of {entry.bucket}/{entry.key}") from exc
+
+    def truncate(self, entry: CacheEntry, size: int) -> None:
+        if entry.source is not None and size < entry.source_len:
+            entry.source_len = size  # bytes from here on are local (zeros once extended)
+            if size == 0:
+                self.unsource(entry)
+            elif entry.journaled:
+                self._write(entry)
+        self.journal(entry)
+        try:
+            os.truncate(entry.path, size)
+        except OSError as exc:
+            raise cache_file_error(exc, f"cache file for {entry.bucket}/{entry.key}") from exc
+        self.cache.resize(entry, size)
+        if entry.present is not None:
+            entry.present.truncate(size)
+        entry.gen += 1
+
+    def unsource(self, entry: CacheEntry) -> None:
+        """The entry no longer takes bytes from its source (all of them fetched, or the
+        source is gone and what is missing stays zeros): an ordinary local file."""
+        entry.source, entry.present = None, None
+        lg = self.logs.pop(os.path.basename(entry.path), None)
+        if entry.meta is not None and entry.journaled:
+            self._write(entry)  # first the record without its source, then the log goes
+        if lg is not None:
+            lg.close(remove=True)
+
+    def sparse(self, entry: CacheEntry) -> bool:
+        """Some byte of the entry's file is not present locally yet."""
+        return entry.present is not None and not entry.present.covers(
+            0, min(entry.size, entry.source_len))
+
+    def redirty(self, entry: CacheEntry, view: str) -> None:
+        """An entry cleaned by an upload is written again through a handle still open: based
+        on the version it uploaded."""
+        entry.dirty = True
+        entry.meta = self._record(entry, view=view, base=entry.etag or "")
+        self._write(entry)
+
+    def update_record(self, entry: CacheEntry, **changes) -> None:
+        """Change the record (``view``, ``base``, ``existing``, ``tags``, ``untag``,
+        ``conflict``) of a dirty entry; a new ``base`` alone implies ``existing``."""
+        if "base" in changes and "existing" not in changes:
+            changes["existing"] = bool(changes["base"])
+        entry.meta.update(changes)
+        if entry.journaled:
+            self._write(entry)
+
+    def uploaded(self, entry: CacheEntry, etag: str) -> None:
+        """The entry's content is now object ``etag`` in S3: no longer dirty (its missing
+        bytes, if any, come from that version now)."""
+        entry.dirty = False
+        self._unjournal(entry)
+        if entry.present is not None:
+            entry.source, entry.source_len = (entry.bucket, entry.key, etag), entry.size
+        self.cache.validated(entry, etag)
+
+    def rebased(self, entry: CacheEntry, etag: str, size: int, *, batch: bool = True) -> None:
+        """Uploaded as version ``etag`` of ``size`` bytes but written meanwhile: still
+        dirty, based on that version — also for the bytes it lacks (it holds the source's
+        bytes where nothing was changed; ``changed`` still covers what differs).
+        ``batch=False``: no longer part of the publish batch it was uploaded in (what was
+        written since is no part of it)."""
+        if entry.meta is not None:
+            entry.meta["base"], entry.meta["existing"] = etag, True
+            if not batch:
+                entry.meta.pop("batch", None)
+        if entry.source is not None:
+            lg = self._log(entry)
+            if lg is not None and size > entry.source_len:
+                # bytes that were local only may have been written after they were sent
+                try:
+                    lg.add(entry.source_len, size)
+                except OSError as exc:
+                    log.warning("ranges log of %s/%s: %s", entry.bucket, entry.key, exc)
+            entry.source, entry.source_len = (entry.bucket, entry.key, etag), min(size, entry.size)
+        if entry.meta is not None and entry.journaled:
+            self._write(entry)
+
+    def rekey(self, entry: CacheEntry, bucket: str, key: str) -> None:
+        """The entry (dirty or clean) now belongs to ``bucket/key`` (a rename); an entry
+        there is dropped (a dirty one too: replaced by the rename, its data is no longer
+        wanted)."""
+        old = self.cache.get(bucket, key)
+        if old is not None and old is not entry and old.dirty:
+            self.discard(old)
+        self.cache.rekey(entry, bucket, key)
+        if entry.meta is not None and entry.journaled:
+            self._write(entry)
+
+    def discard(self, entry: CacheEntry) -> None:
+        """Drop an entry whatever its state (its file was unlinked / replaced)."""
+        entry.dirty = False
+        self._unjournal(entry)
+        self.cache.drop(entry)
+
+    def orphan(self, entry: CacheEntry) -> None:
+        """The entry's file is no key's any more (removed or replaced while descriptors
+        hold it): theirs alone, never uploaded; one that holds all of its bytes reads
+        without S3 from now on (its version may be gone)."""
+        self.discard(entry)
+        if not self.sparse(entry):
+            entry.present, entry.source = None, None
+
+    def orphan_resized(self, entry: CacheEntry, size: int) -> None:
+        """An orphaned entry (``orphan``) was written or truncated through a descriptor:
+        its size (it is no longer the cache's to count)."""
+        entry.size = size
+
+    def restore(self) -> list[CacheEntry]:
+        """The dirty entries an earlier mount of this cache directory journaled (the
+        records ``DataCache`` found at its start): in the cache again, to be uploaded."""
+        records = self.cache.take_recovered()
+        restored = []
+        for r in records:
+            entry = CacheEntry(r["bucket"], r["key"], str(self.cache.dir / r["file"]))
+            entry.etag = ""
+            entry.size = os.stat(entry.path).st_size
+            if r.get("source"):
+                changed = RangesLog.read(entry.path + ".ranges")
+                if changed is None:
+                    log.info("journal record of %s/%s: uploaded before the mount ended (its "
+                             "ranges log was removed): dropped", r["bucket"], r["key"])
+                    self._records.remove(r)
+                    try:
+                        os.unlink(entry.path)
+                    except FileNotFoundError:
+                        pass
+                    continue
+                entry.source, entry.source_len = tuple(r["source"]), int(r["source_len"])
+                entry.present = changed.copy()  # what was fetched is fetched again
+                lg = self.logs[r["file"]] = RangesLog(entry.path + ".ranges", changed)
+                try:
+                    lg.open()
+                except OSError as exc:
+                    log.warning("ranges log of %s/%s: %s", r["bucket"], r["key"], exc)
+            entry.dirty = True
+            entry.meta = r
+            entry.journaled = True
+            old = self.cache.get(entry.bucket, entry.key)
+            if old is not None and old.dirty:  # two records for one key: the later one wins
+                self.discard(old)
+            self.cache.add(entry)
+            restored.append(entry)
+        return [e for e in restored if e.dirty]
