@@ -38,6 +38,8 @@ RECORDS: dict[str, tuple[str, frozenset[str]]] = {
     "File": ("mount/fs/inodes.py", frozenset({"mount/fs/inodes.py", "mount/fs/tree.py"})),
     "Dir": ("mount/fs/inodes.py", frozenset({"mount/fs/inodes.py", "mount/fs/tree.py"})),
     # open files: a reading handle is the reads part's, a writing one the writes part's
+    "ReadHandle": ("mount/fs/handles.py", frozenset({"mount/fs/reads.py"})),
+    "WriteHandle": ("mount/fs/handles.py", frozenset({"mount/fs/writes.py"})),
     "FileHandle": ("mount/fs/handles.py", frozenset({"mount/fs/reads.py", "mount/fs/writes.py"})),
     "DirHandle": ("mount/fs/handles.py", frozenset({"mount/fs/attributes.py"})),
     # a cached object: the cache (its bytes and bound) and the write side (dirty state)

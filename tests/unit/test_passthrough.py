@@ -8,7 +8,7 @@ import errno
 import os
 
 from delvefs.client.mount.cache.cacheentry import CacheEntry
-from delvefs.client.mount.fs.handles import FileHandle
+from delvefs.client.mount.fs.handles import ReadHandle, WriteHandle
 from delvefs.client.mount.fs.inodes import File
 from delvefs.client.mount.passthrough import Passthrough, has_cap_sys_admin, report
 from delvefs.client.mount.cache.ranges import RangeSet
@@ -41,7 +41,7 @@ class FakeCache:
 
 class FakeHandles:
     def __init__(self):
-        self.files: dict[int, FileHandle] = {}
+        self.files: dict[int, ReadHandle | WriteHandle] = {}
 
 
 class FakeCore:
@@ -90,8 +90,12 @@ def setup(refuse=None, **kw):
 
 
 def handle(core, fh: int, n: File, e: CacheEntry | None, writer: bool = False) -> int:
-    h = FileHandle(n, writer=writer)
-    h.entry, h.fd = e, (100 + fh if e is not None else None)
+    fd = 100 + fh if e is not None else None
+    if writer:
+        h = WriteHandle(n, fd, e)
+    else:
+        h = ReadHandle(n)
+        h.entry, h.fd = e, fd
     core.handles.files[fh] = h
     return fh
 
@@ -237,8 +241,7 @@ def test_rw_a_new_local_file_is_written_by_the_kernel_and_taken_from_its_file(tm
     e.etag, e.dirty, e.present = "", True, None
     core.cache.entries[("b", "k")] = e
     n = node(etag="")
-    h = FileHandle(n, writer=True)
-    h.entry, h.fd = e, os.open(path, os.O_RDWR)
+    h = WriteHandle(n, os.open(path, os.O_RDWR), e)
     core.handles.files[1] = h
     try:
         assert pt.answer(1, os.O_WRONLY | os.O_CREAT) == (1, False)
@@ -254,8 +257,7 @@ def test_rw_a_new_local_file_is_written_by_the_kernel_and_taken_from_its_file(tm
         # a reader opened meanwhile reads the local file itself; a sparse writer does not
         assert pt.answer(handle(core, 2, n, None), os.O_RDONLY) == (1, False)
         core.dirty.logs[os.path.basename(e.path)] = object()
-        h3 = FileHandle(n, writer=True)
-        h3.entry, h3.fd = e, h.fd
+        h3 = WriteHandle(n, h.fd, e)
         core.handles.files[3] = h3
         assert pt.answer(3, os.O_RDWR) == (1, True)
         assert pt.report()["writing_files"] == 1

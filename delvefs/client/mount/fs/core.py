@@ -19,8 +19,9 @@ construction (each names what it uses; arrows point at what a part calls):
 ``deletes``     eager unlinks' DELETEs in DeleteObjects batches
 ``uploads``     conditional uploads and conflicts, the background queue, sync,
                 recovery, shutdown, parts sent while written   → tree, properties, deletes
-``writes``      create, write, flush, fsync, truncate                  → uploads, listings
-``reads``       open for reading, read, release                     → uploads, readahead
+``writes``      create, write, flush, fsync, truncate, release of writing handles
+                                                               → uploads, listings
+``reads``       open for reading, read, release of reading handles         → readahead
 ``readahead``   sequential read-ahead: its rule, per-handle state and settings
 ``publisher``   directory renames published as one batch: records, manifests, recovery
                                                                           → uploads, tree
@@ -112,8 +113,8 @@ class FileSystem:
         self.writes = Writes(self.table, self.catalog, self.handles, self.tree, self.layout,
                              self.listings, self.uploads, self.dirty, cache, store, settings)
         self.readahead = ReadAhead(cache, store)
-        self.reads = Reads(self.table, self.handles, self.tree, self.uploads, self.dirty,
-                           self.readahead, cache, store)
+        self.reads = Reads(self.table, self.handles, self.tree, self.dirty, self.readahead,
+                           cache, store)
         self.publisher = Publisher(store, cache, self.dirty, self.uploads, self.tree)
         self.namespace = Namespace(self.table, self.catalog, self.tree, self.layout, self.listings,
                                    self.uploads, self.deletes, self.properties, self.publisher,
@@ -185,7 +186,11 @@ class FileSystem:
         return await self.reads.read(fh, off, size)
 
     async def release(self, fh: int) -> None:
-        await self.reads.release(fh)
+        h = self.handles.files.get(fh)
+        if h is not None and h.writer:
+            await self.writes.release(fh)
+        else:
+            await self.reads.release(fh)
 
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[int, File]:
         return await self.writes.create(parent_ino, name, flags)

@@ -19,15 +19,37 @@ from .readahead import Stream
 
 
 class FileHandle:
-    __slots__ = ("node", "entry", "fd", "lock", "writer", "stream", "copied")
+    """An open file: its node, its own descriptor and cache entry (once open). Of two
+    kinds: :class:`ReadHandle` (the reads part's) and :class:`WriteHandle` (the writes
+    part's); ``writer`` tells which."""
+    __slots__ = ("node", "entry", "fd", "lock")
+    writer = False
 
-    def __init__(self, node: File, writer: bool = False):
+    def __init__(self, node: File):
         self.node = node
         self.entry = None     # its CacheEntry once open
         self.fd: int | None = None
         self.lock = trio.Lock()
-        self.writer = writer  # opened for writing: ``entry`` is the dirty local copy
+
+
+class ReadHandle(FileHandle):
+    """Opened for reading only: its entry is opened on its first read (or at open, from a
+    cached copy), and its sequential reads are fetched ahead (``stream``)."""
+    __slots__ = ("stream",)
+
+    def __init__(self, node: File):
+        super().__init__(node)
         self.stream = Stream()  # its read-ahead's state (the read-ahead part's alone)
+
+
+class WriteHandle(FileHandle):
+    """Opened for writing: ``entry`` is the dirty local copy, open from the start."""
+    __slots__ = ("copied",)
+    writer = True
+
+    def __init__(self, node: File, fd: int, entry):
+        super().__init__(node)
+        self.fd, self.entry = fd, entry
         self.copied = None    # (source handle number, the version written) after a server-side copy
 
 

@@ -22,11 +22,10 @@ import os
 
 from ..cache.cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_failed, store_failure
-from .handles import FileHandle, Handles
+from .handles import FileHandle, Handles, ReadHandle
 from .inodes import InodeTable, looked_up_again
 from .readahead import ReadAhead
 from .tree import Tree
-from .uploads import Uploads
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +38,12 @@ KEEP_FOR_READERS_MAX = 256 << 20
 class Reads:
     """open (for reading), read and release of file handles."""
 
-    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, uploads: Uploads,
-                 dirty, readahead: ReadAhead, cache, store):
+    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, dirty,
+                 readahead: ReadAhead, cache, store):
         self.table = table
         self.readahead = readahead
         self.handles = handles
         self.tree = tree
-        self.uploads = uploads
         self.dirty = dirty
         self.cache = cache
         self.store = store
@@ -70,7 +68,7 @@ class Reads:
             # removed (or replaced) after the kernel looked its name up, nothing of it held
             # here
             raise looked_up_again(node)
-        h = FileHandle(node)
+        h = ReadHandle(node)
         keep = self.tree.serves(node.ino, node.etag)
         entry = self._cached_version(node)
         if entry is not None:
@@ -246,13 +244,14 @@ class Reads:
                     raise read_failed(exc, entry) from exc
             # nothing awaited since ``ensure`` made sure of the bytes: none was evicted
             self.cache.touch(entry, off, end)
-            if not entry.dirty:
+            if not entry.dirty and not h.writer:
                 self.readahead.after_read(h.stream, entry, off, end)
         if off < end:
             self.cache.served(end - off, self.cache.waits != waits)
         return os.pread(fd, size, off)
 
     async def release(self, fh: int) -> None:
+        """A reading handle closed: its descriptor, its read-ahead and its hold end."""
         h = self.handles.drop_file(fh)
         if h is None:
             return
@@ -263,8 +262,4 @@ class Reads:
         entry = h.entry
         if entry is not None:
             h.entry = None
-            if h.writer:
-                self.dirty.drop_writer(entry)
-                if entry.dirty and entry.writers == 0 and not h.node.gone:
-                    self.uploads.schedule(entry)  # the flush could not upload it: retried
             self.cache.release(entry)

@@ -23,7 +23,7 @@ import time
 
 from ..cache.cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_only, store_failure
-from .handles import FileHandle, Handles
+from .handles import FileHandle, Handles, WriteHandle
 from .inodes import File, InodeTable, Node, key_for, looked_up_again, writable_dir
 from .layout import PropertyLayout
 from .properties import final_tags
@@ -111,8 +111,7 @@ class Writes:
             fd = os.open(entry.path, os.O_RDWR)
         except OSError as exc:
             raise cache_failure(exc, what, entry) from exc
-        h = FileHandle(node, writer=True)
-        h.fd, h.entry = fd, entry
+        h = WriteHandle(node, fd, entry)
         self.dirty.add_writer(entry)
         return self.handles.add_file(h)
 
@@ -146,8 +145,7 @@ class Writes:
             entry, fd = self.cache.scratch_file(vs.bucket, node.key)
         except StoreError as exc:
             raise store_failure(exc, "opening", vs.bucket, node.key) from exc
-        h = FileHandle(node, writer=True)
-        h.fd, h.entry = fd, entry
+        h = WriteHandle(node, fd, entry)
         self.dirty.add_writer(entry)
         self.tree.shown_as(node, size=0, mtime_ns=time.time_ns())
         return self.handles.add_file(h)
@@ -383,6 +381,23 @@ class Writes:
             self.dirty.persist(entry)
         except StoreError as exc:
             raise store_failure(exc, "journaling", entry.bucket, entry.key) from exc
+
+    async def release(self, fh: int) -> None:
+        """A writing handle closed (after its flush): its descriptor closed, one writer less;
+        a file its flush could not upload is left to the background uploader (retried)."""
+        h = self.handles.drop_file(fh)
+        if h is None:
+            return
+        if h.fd is not None:
+            os.close(h.fd)
+            h.fd = None
+        entry = h.entry
+        if entry is not None:
+            h.entry = None
+            self.dirty.drop_writer(entry)
+            if entry.dirty and entry.writers == 0 and not h.node.gone:
+                self.uploads.schedule(entry)
+            self.cache.release(entry)
 
     async def fsync(self, fh: int) -> None:
         """fsync(2) and fdatasync(2) alike: the file uploaded (its error returned); with
