@@ -9,7 +9,8 @@
 #      proxy, checksum-verified by the installed go) into $GO_DIR;
 #   3. a pinned MinIO server built with `go install` into $DELVEFS_BIN (outside the repo);
 #   4. .venv/ with pyfuse3 built from its pinned sdist with contrib/pyfuse3's patches
-#      (fallocate and copy_file_range; KILLPRIV and the session loop; rebuilt when a patch
+#      (fallocate and copy_file_range; KILLPRIV and the session loop; FUSE passthrough: INIT
+#      flag, backing ids, FOPEN_PASSTHROUGH; rebuilt when a patch
 #      changes) first, so that the project's
 #      `pyfuse3>=3.3` finds it installed; then the project installed editable (C extension
 #      compiled) plus test extras, re-installed only when pyproject.toml or native/ changed

@@ -114,6 +114,8 @@ def test_the_mount_exports_requests_cache_uploads_handler_and_views():
         assert value(s, "delvefs_mount_uploads", **mp, state=state) == n
     assert value(s, "delvefs_mount_uploads_completed_total", **mp) == 9
     assert value(s, "delvefs_mount_conflicts_total", **mp) == 1
+    assert value(s, "delvefs_mount_passthrough", **mp) == 0  # a core without the FUSE adapter
+    assert value(s, "delvefs_mount_passthrough_opens_total", **mp) == 0
     assert value(s, "delvefs_mount_handler_request_seconds_count", **mp, request="changes") == 1
     assert value(s, "delvefs_mount_handler_errors_total", **mp, request="changes") == 0
     assert value(s, "delvefs_mount_view_stale", **mp, view="data", bucket="b1") == 1

@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from delvefs.shared import histogram
 from delvefs.shared.histogram import Timings
 from .mountpoints import MountError
+from .passthrough import report as passthrough_report
 from .report import dirty_bytes, upload_counts, views_report
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class MountMetrics:
         yield from self._cache()
         yield from self._uploads()
         yield from self._s3()
+        yield from self._passthrough()
         yield from _timings(self.round_trips, mp, "request",
                             "delvefs_mount_handler_request_seconds",
                             "round trips to the event handler, by request (standbys tried included)",
@@ -138,6 +140,18 @@ class MountMetrics:
             for operation, n in sorted((counts or {}).items()):
                 c.add_metric([mp, operation], n)
             yield c
+
+    def _passthrough(self):
+        """FUSE passthrough (``delvefs status`` shows the same): on or off, and its opens."""
+        pt, mp = passthrough_report(self.core), self.mountpoint
+        yield _gauge("delvefs_mount_passthrough", "1 when the kernel serves cached files' bytes "
+                     "itself (FUSE passthrough), 0 when every read and write comes to the mount",
+                     mp, 1 if pt["state"] == "on" else 0)
+        yield _counter("delvefs_mount_passthrough_opens", "opens the kernel served through "
+                       "passthrough (reads of whole cached copies, and writes with passthrough=rw)",
+                       mp, pt["opens"])
+        yield _gauge("delvefs_mount_passthrough_open_files", "files open through passthrough now",
+                     mp, pt["open_files"])
 
     def _views(self):
         labels = ["mountpoint", "view", "bucket"]
