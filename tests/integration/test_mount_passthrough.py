@@ -302,6 +302,61 @@ def test_rw_new_and_truncated_files_are_written_by_the_kernel_and_uploaded_at_cl
 
 
 @needs_passthrough
+def test_eager_rw_writes_through_passthrough_instead_of_the_writeback_cache(mounts, s3, bucket):
+    """``--eager -o passthrough=rw``: the kernel writes new files into their local file
+    itself (no write request), close returns once the file is journaled, `delvefs sync`
+    uploads it whole; an uploaded file opened without O_TRUNC and written again goes
+    through the mount, and is uploaded again."""
+    mp, requests = mount_with_metrics(mounts, bucket, "--eager", "-o", "passthrough=rw")
+    st = status(mounts, mp)
+    assert st["passthrough"]["state"] == "on" and st["passthrough"]["writes"], st["passthrough"]
+    before = requests()
+    chunk = os.urandom(4096)
+    with open(mp / "data/new.bin", "wb") as f:
+        for _ in range(1280):  # 5 MiB in 4 KiB writes
+            f.write(chunk)
+    assert os.stat(mp / "data/new.bin").st_size == 1280 * 4096
+    assert requests().get("write", 0) == before.get("write", 0)
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert get(s3, bucket, "data/new.bin") == chunk * 1280
+    with open(mp / "data/new.bin", "r+b") as f:  # written again in place
+        f.seek(4096)
+        f.write(b"again")
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert get(s3, bucket, "data/new.bin") == chunk + b"again" + (chunk * 1280)[4096 + 5:]
+    assert (mp / "data/new.bin").read_bytes()[4096:4101] == b"again"
+
+
+@needs_passthrough
+def test_eager_rw_bytes_the_kernel_wrote_survive_a_killed_mount(mounts, s3, bucket):
+    """The record is journaled before the kernel writes a byte into the file: a mount
+    killed while a file it never saw a write of is open comes back with the file whole
+    (the same views file mounted again elsewhere replays it)."""
+    state = mounts.tmp / "state" / "mounts"
+    mp = mounts.mount(data_views(bucket), "--eager", "-o", "passthrough=rw",
+                      cache_dir=state / "first")
+    assert status(mounts, mp)["passthrough"]["writes"]
+    body = os.urandom(3 * MiB + 17)
+    fd = os.open(mp / "data/kernel.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    assert os.write(fd, body) == len(body)   # into the cache file by the kernel itself
+    mounts.kill(mp)
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    second = mounts.tmp / "elsewhere"
+    second.mkdir()
+    views_file = mounts.tmp / f"views-{mounts.count}.yaml"
+    r = mounts.run("mount", str(views_file), str(second), "--cache-dir", str(state / "second"))
+    assert r.returncode == 0, r.stderr
+    mounts.mounted.append(str(second))
+    wait_until(lambda: get(s3, bucket, "data/kernel.bin") == body, 60,
+               "the killed mount's file uploaded whole by the next mount")
+
+
+@needs_passthrough
 def test_rw_a_copy_into_a_file_the_kernel_writes_is_copied_by_the_kernel(mounts, s3, bucket):
     data = os.urandom(3 * MiB + 5)
     put(s3, bucket, "data/big.bin", data)

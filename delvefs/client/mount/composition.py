@@ -25,6 +25,7 @@ directory's unmount report (and the log), which ``delvefs umount`` prints.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -74,6 +75,7 @@ async def serve(settings, views, ready) -> None:
         stack.push_async_callback(handler.aclose)
         cache = _open_cache(settings, stack)
         notifier = fuse_adapter.Notifier()
+        settings = _writes_path(settings)
         core = FileSystem(views, handler, store, cache, settings, notifier=notifier,
                           reregister=proof_keeper.reprove)
         stack.callback(core.close)
@@ -134,6 +136,20 @@ async def serve(settings, views, ready) -> None:
             if lean:
                 nursery.start_soon(_warm, store, cache)
         log.info("unmounted %s", mountpoint)
+
+
+def _writes_path(settings):
+    """An eager mount asked for passthrough writes (``passthrough=rw``) writes through the
+    kernel's passthrough instead of its writeback cache; where passthrough cannot be had it
+    keeps the writeback cache (the reason logged, and shown by ``delvefs status``)."""
+    if settings.eager and settings.passthrough == "rw" and not settings.writeback_cache:
+        from .fuse_adapter import passthrough_unavailable  # (pyfuse3: the mount's process only)
+        why_not = passthrough_unavailable()
+        if why_not:
+            log.warning("passthrough writes unavailable (%s): eager mode keeps the kernel's "
+                        "writeback cache", why_not)
+            return dataclasses.replace(settings, writeback_cache=True)
+    return settings
 
 
 async def _open_store(settings):

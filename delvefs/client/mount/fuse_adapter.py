@@ -372,6 +372,17 @@ class Adapter(pyfuse3.Operations):
         return True
 
 
+def passthrough_unavailable() -> str:
+    """Why this process cannot use FUSE passthrough at all ("" when it can)."""
+    if not PASSTHROUGH:
+        return "pyfuse3 without passthrough (contrib/pyfuse3)"
+    if not CUSTOM_IO or pyfuse3.custom_io_state() not in ("installed", "not mounted"):
+        return "pyfuse3 without custom I/O"
+    if not has_cap_sys_admin():
+        return "no CAP_SYS_ADMIN (FUSE_DEV_IOC_BACKING_OPEN needs it)"
+    return ""
+
+
 def _passthrough(core) -> Passthrough:
     """The mount's passthrough policy: asked for unless ``-o passthrough=off``, eager mode
     (the writeback cache), a pyfuse3 without it or a process without CAP_SYS_ADMIN."""
@@ -384,13 +395,9 @@ def _passthrough(core) -> Passthrough:
         why_not = "-o passthrough=off"
     elif core.writeback_cache:
         why_not = ("eager mode: the kernel's writeback cache, which the kernel does not "
-                   "combine with passthrough")
-    elif not PASSTHROUGH:
-        why_not = "pyfuse3 without passthrough (contrib/pyfuse3)"
-    elif not CUSTOM_IO or pyfuse3.custom_io_state() not in ("installed", "not mounted"):
-        why_not = "pyfuse3 without custom I/O"
-    elif not has_cap_sys_admin():
-        why_not = "no CAP_SYS_ADMIN (FUSE_DEV_IOC_BACKING_OPEN needs it)"
+                   "combine with passthrough (-o passthrough=rw replaces it)")
+    else:
+        why_not = passthrough_unavailable()
     if why_not or not PASSTHROUGH:
         return Passthrough(core, wanted=False, why_not=why_not)
     # writers too with -o passthrough=rw, not while parts are uploaded as they are written

@@ -251,9 +251,10 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("passthrough", "--passthrough", "passthrough", _passthrough,
                 "on: the kernel reads files whose whole object is cached straight from the "
                 "cache directory, without the mount (FUSE passthrough: Linux >= 6.9, "
-                "CAP_SYS_ADMIN; off by itself with --eager); rw: also writes new and "
-                "truncated files into their local file (a cp into one is then no server-side "
-                "copy); off: every read and write goes through the mount (default: on)",
+                "CAP_SYS_ADMIN; off with --eager, which uses the writeback cache instead); "
+                "rw: also writes new and truncated files into their local file (a cp into one "
+                "is then no server-side copy; with --eager it replaces the writeback cache); "
+                "off: every read and write goes through the mount (default: on)",
                 default="on", metavar="on|rw|off"),
 )
 

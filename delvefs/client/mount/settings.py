@@ -92,11 +92,13 @@ class MountSettings:
     overlay_bound: float = 120.0    # seconds a local change outranks the handler's view of it
 
     # the kernel's writeback cache; None: on for eager mounts (writes are journaled locally)
+    # unless they write through passthrough instead (``passthrough=rw``: the kernel does not
+    # combine the two; passthrough writes need no coalescing)
     writeback_cache: bool | None = None
 
     def __post_init__(self):
         if self.writeback_cache is None:
-            object.__setattr__(self, "writeback_cache", self.eager)
+            object.__setattr__(self, "writeback_cache", self.eager and self.passthrough != "rw")
 
     @property
     def metrics(self) -> bool:
