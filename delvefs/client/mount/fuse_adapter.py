@@ -401,7 +401,9 @@ def _passthrough(core) -> Passthrough:
     if why_not or not PASSTHROUGH:
         return Passthrough(core, wanted=False, why_not=why_not)
     # writers too with -o passthrough=rw, not while parts are uploaded as they are written
-    writes = mode == "rw" and not getattr(settings, "upload_while_writing", False)
+    # (eager mode sends no parts while a file is written: it journals it)
+    writes = mode == "rw" and not (getattr(settings, "upload_while_writing", False)
+                                   and not getattr(settings, "eager", False))
     return Passthrough(core, wanted=True, state=pyfuse3.passthrough_state, writes=writes,
                        backing_open=pyfuse3.backing_open, backing_close=pyfuse3.backing_close)
 
