@@ -165,3 +165,22 @@ def test_the_rooms_import_one_way():
                     if other != room and other not in ROOMS_MAY_USE[room]:
                         bad.append(f"{name}:{node.lineno}: imports {t}")
     assert not bad, "an import against the rooms' direction:\n" + "\n".join(bad)
+
+
+MOST_ARGUMENTS = 9  # a part needing more is given a subsystem (mount/fs/subsystems.py)
+
+
+def test_no_part_of_the_core_takes_more_than_a_few_arguments():
+    wide = []
+    for name, tree in _modules().items():
+        if not name.startswith("mount/fs/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                        a = item.args
+                        n = len(a.posonlyargs) + len(a.args) - 1 + len(a.kwonlyargs)
+                        if n > MOST_ARGUMENTS:
+                            wide.append(f"{name}: {node.name} takes {n}")
+    assert not wide, "constructors too wide (group parts into a subsystem):\n" + "\n".join(wide)

@@ -29,6 +29,8 @@ construction (each names what it uses; arrows point at what a part calls):
 ``xattrs``      extended attributes                           → properties, uploads, listings
 ``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs       → listings
 ``confirmations``  waits until the handler has what this mount wrote (``delvefs sync``)
+``shape``, ``writing``  subsystems: records of parts the widest parts are given together
+                (``subsystems``: what the mount shows; what happens to written files)
 ``handles``     open file and directory handles; ``dirty`` the dirty files and their
                 journal (:class:`DirtyFiles`); ``table`` the inode table
 
@@ -70,6 +72,7 @@ from .properties import Properties
 from .publisher import Publisher
 from .readahead import ReadAhead
 from .reads import Reads
+from .subsystems import Shape, Writing
 from .tree import Tree
 from .uploads import Uploads
 from .listings import Listings
@@ -110,15 +113,17 @@ class FileSystem:
         self.deletes = DeleteQueue(store, settings)
         self.uploads = Uploads(store, cache, self.dirty, self.catalog, self.tree,
                                self.properties, self.deletes, settings)
-        self.writes = Writes(self.table, self.catalog, self.handles, self.tree, self.layout,
-                             self.listings, self.uploads, self.dirty, cache, store, settings)
+        self.shape = Shape(self.table, self.catalog, self.tree, self.layout)
+        self.writes = Writes(self.shape, self.handles, self.listings, self.uploads, self.dirty,
+                             cache, store, settings)
         self.readahead = ReadAhead(cache, store)
         self.reads = Reads(self.table, self.handles, self.tree, self.dirty, self.readahead,
                            cache, store)
         self.publisher = Publisher(store, cache, self.dirty, self.uploads, self.tree)
-        self.namespace = Namespace(self.table, self.catalog, self.tree, self.layout, self.listings,
-                                   self.uploads, self.deletes, self.properties, self.publisher,
-                                   self.reads, self.dirty, cache, store, settings)
+        self.writing = Writing(self.dirty, self.uploads, self.deletes, self.properties,
+                               self.publisher)
+        self.namespace = Namespace(self.shape, self.listings, self.writing, self.reads, cache,
+                                   store, settings)
         self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache, handler)
         self.confirmations = Confirmations(handler, store.written)
         self.passthrough = None  # the FUSE adapter's, once it attaches it

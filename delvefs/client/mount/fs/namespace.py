@@ -27,6 +27,7 @@ from .layout import PropertyLayout
 from .properties import Properties
 from .publisher import Publisher
 from .reads import Reads
+from .subsystems import Shape, Writing
 from .tree import Tree
 from .uploads import Uploads
 from .listings import Listings
@@ -40,20 +41,19 @@ log = logging.getLogger(__name__)
 class Namespace:
     """unlink, mkdir, rmdir and rename."""
 
-    def __init__(self, table: InodeTable, catalog: ViewCatalog, tree: Tree, layout: PropertyLayout,
-                 listings: Listings, uploads: Uploads, deletes: DeleteQueue, properties: Properties,
-                 publisher: Publisher, reads: Reads, dirty, cache, store, settings):
-        self.table = table
-        self.catalog = catalog
-        self.tree = tree
-        self.layout = layout
+    def __init__(self, shape: Shape, listings: Listings, writing: Writing, reads: Reads, cache,
+                 store, settings):
+        self.table: InodeTable = shape.table
+        self.catalog: ViewCatalog = shape.catalog
+        self.tree: Tree = shape.tree
+        self.layout: PropertyLayout = shape.layout
         self.listings = listings
-        self.uploads = uploads
-        self.deletes = deletes
-        self.properties = properties
-        self.publisher = publisher
+        self.uploads: Uploads = writing.uploads
+        self.deletes: DeleteQueue = writing.deletes
+        self.properties: Properties = writing.properties
+        self.publisher: Publisher = writing.publisher
         self.reads = reads
-        self.dirty = dirty
+        self.dirty = writing.dirty
         self.cache = cache
         self.store = store
         self.eager = settings.eager

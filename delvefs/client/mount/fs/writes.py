@@ -27,6 +27,7 @@ from .handles import FileHandle, Handles, WriteHandle
 from .inodes import File, InodeTable, Node, key_for, looked_up_again, writable_dir
 from .layout import PropertyLayout
 from .properties import final_tags
+from .subsystems import Shape
 from .tree import Tree
 from .uploads import Uploads
 from .listings import Listings
@@ -46,14 +47,13 @@ COPY_PIECE = 0xFFFFFFFF & ~0xFFF
 class Writes:
     """create, write, flush, fsync and truncate of dirty files."""
 
-    def __init__(self, table: InodeTable, catalog, handles: Handles, tree: Tree,
-                 layout: PropertyLayout, listings: Listings, uploads: Uploads, dirty, cache, store,
-                 settings):
-        self.table = table
-        self.catalog = catalog
+    def __init__(self, shape: Shape, handles: Handles, listings: Listings, uploads: Uploads, dirty,
+                 cache, store, settings):
+        self.table: InodeTable = shape.table
+        self.catalog = shape.catalog
         self.handles = handles
-        self.tree = tree
-        self.layout = layout
+        self.tree: Tree = shape.tree
+        self.layout: PropertyLayout = shape.layout
         self.listings = listings
         self.uploads = uploads
         self.dirty = dirty
