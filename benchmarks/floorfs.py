@@ -42,7 +42,25 @@ class Node:
         self.children: dict[bytes, Node] | None = {} if stat.S_ISDIR(mode) else None
 
 
-class Floor(pyfuse3.Operations):
+class NoXattrs:
+    """Extended attributes: none, answered as DelveFS answers the kernel's and ls's."""
+
+    async def getxattr(self, inode, name, ctx):
+        if name.startswith(b"user.") or name == b"security.capability":
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
+
+    async def listxattr(self, inode, ctx):
+        return []
+
+    async def setxattr(self, inode, name, value, ctx):
+        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
+
+    async def removexattr(self, inode, name, ctx):
+        raise pyfuse3.FUSEError(errno.ENODATA)
+
+
+class Floor(NoXattrs, pyfuse3.Operations):
     supports_dot_lookup = True
 
     def __init__(self, timeout: float, writeback: bool):
@@ -265,21 +283,6 @@ class Floor(pyfuse3.Operations):
     async def release(self, fh):
         pass
 
-    # --- extended attributes: none, answered as DelveFS answers the kernel's and ls's
-
-    async def getxattr(self, inode, name, ctx):
-        if name.startswith(b"user.") or name == b"security.capability":
-            raise pyfuse3.FUSEError(errno.ENODATA)
-        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
-
-    async def listxattr(self, inode, ctx):
-        return []
-
-    async def setxattr(self, inode, name, value, ctx):
-        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
-
-    async def removexattr(self, inode, name, ctx):
-        raise pyfuse3.FUSEError(errno.ENODATA)
 
 
 async def serve(mountpoint: str) -> None:

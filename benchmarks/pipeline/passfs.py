@@ -25,7 +25,7 @@ import sys
 import pyfuse3
 import trio
 
-from benchmarks.floorfs import serve
+from benchmarks.floorfs import NoXattrs, serve
 from delvefs.client.mount import fuse_adapter
 
 
@@ -40,7 +40,7 @@ def _oserror(fn):
     return wrapper
 
 
-class Pass(pyfuse3.Operations):
+class Pass(NoXattrs, pyfuse3.Operations):  # (extended attributes: none, as the floor)
     supports_dot_lookup = True
 
     def __init__(self, source: str, timeout: float, writeback: bool):
@@ -253,21 +253,6 @@ class Pass(pyfuse3.Operations):
     async def release(self, fh):
         os.close(fh)
 
-    # --- extended attributes: none, answered as DelveFS and the floor answer
-
-    async def getxattr(self, inode, name, ctx):
-        if name.startswith(b"user.") or name == b"security.capability":
-            raise pyfuse3.FUSEError(errno.ENODATA)
-        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
-
-    async def listxattr(self, inode, ctx):
-        return []
-
-    async def setxattr(self, inode, name, value, ctx):
-        raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
-
-    async def removexattr(self, inode, name, ctx):
-        raise pyfuse3.FUSEError(errno.ENODATA)
 
 
 def main(argv=None) -> int:

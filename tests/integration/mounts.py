@@ -75,6 +75,17 @@ class Mounts:
         assert mounted_fstype(str(mp)) == "fuse.delvefs"
         return mp
 
+    def mount_again(self, name: str, cache_dir: Path, *extra) -> Path:
+        """The last views file mounted again at another mount point ``name``, with another
+        cache dir (as a user does after a crash: the dead mount's journal is taken over)."""
+        mp = self.tmp / name
+        mp.mkdir()
+        views_file = self.tmp / f"views-{self.count}.yaml"
+        r = self.run("mount", str(views_file), str(mp), "--cache-dir", str(cache_dir), *extra)
+        assert r.returncode == 0, r.stderr
+        self.mounted.append(str(mp))
+        return mp
+
     def umount(self, mp, check: bool = True) -> subprocess.CompletedProcess:
         r = self.run("umount", str(mp))
         if check:

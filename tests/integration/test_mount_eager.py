@@ -97,12 +97,7 @@ def test_a_sigkilled_mount_is_replayed_elsewhere_without_clobbering(mounts, s3, 
             pass
     put(s3, bucket, "data/kept.txt", b"newer, by someone else")
     # the same views file mounted again, elsewhere: the first cache dir is an orphan
-    second = mounts.tmp / "elsewhere"
-    second.mkdir()
-    views_file = mounts.tmp / f"views-{mounts.count}.yaml"
-    r = mounts.run("mount", str(views_file), str(second), "--cache-dir", str(state / "second"))
-    assert r.returncode == 0, r.stderr
-    mounts.mounted.append(str(second))
+    second = mounts.mount_again("elsewhere", state / "second")
     wait_until(lambda: get(s3, bucket, "data/new.txt") == b"journaled, never closed", 60,
                "the orphaned journal's new file uploaded")
     r = mounts.run("sync", str(second))
@@ -206,13 +201,7 @@ def test_fsync_journal_returns_while_s3_is_down_and_a_killed_mount_is_replayed(o
         pass
     own.svc.minio.start()
     assert get(own.s3, own.bucket, "data/durable.bin") is None
-    views_file = own.tmp / f"views-{own.count}.yaml"     # the same views file, mounted again
-    second = own.tmp / "second"
-    second.mkdir()
-    r = own.run("mount", str(views_file), str(second), "--cache-dir", str(state / "second"),
-                "--eager", "-o", "fsync=journal")
-    assert r.returncode == 0, r.stderr
-    own.mounted.append(str(second))
+    second = own.mount_again("second", state / "second", "--eager", "-o", "fsync=journal")
     wait_until(lambda: get(own.s3, own.bucket, "data/durable.bin") == data, 120,
                "the journaled file uploaded by the next mount")
     assert (second / "data/durable.bin").read_bytes() == data

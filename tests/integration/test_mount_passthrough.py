@@ -346,12 +346,7 @@ def test_eager_rw_bytes_the_kernel_wrote_survive_a_killed_mount(mounts, s3, buck
         os.close(fd)
     except OSError:
         pass
-    second = mounts.tmp / "elsewhere"
-    second.mkdir()
-    views_file = mounts.tmp / f"views-{mounts.count}.yaml"
-    r = mounts.run("mount", str(views_file), str(second), "--cache-dir", str(state / "second"))
-    assert r.returncode == 0, r.stderr
-    mounts.mounted.append(str(second))
+    mounts.mount_again("elsewhere", state / "second")
     wait_until(lambda: get(s3, bucket, "data/kernel.bin") == body, 60,
                "the killed mount's file uploaded whole by the next mount")
 

@@ -40,7 +40,8 @@ RECORDS: dict[str, tuple[str, frozenset[str]]] = {
     # open files: a reading handle is the reads part's, a writing one the writes part's
     "ReadHandle": ("mount/fs/handles.py", frozenset({"mount/fs/reads.py"})),
     "WriteHandle": ("mount/fs/handles.py", frozenset({"mount/fs/writes.py"})),
-    "FileHandle": ("mount/fs/handles.py", frozenset({"mount/fs/reads.py", "mount/fs/writes.py"})),
+    "FileHandle": ("mount/fs/handles.py", frozenset({"mount/fs/reads.py", "mount/fs/writes.py",
+                                                    "mount/fs/handles.py"})),  # (closing one)
     "DirHandle": ("mount/fs/handles.py", frozenset({"mount/fs/attributes.py"})),
     # a cached object: the cache (its bytes and bound) and the write side (dirty state)
     "CacheEntry": ("mount/cache/cacheentry.py", frozenset({"mount/cache/datacache.py", "mount/cache/cachebound.py", "mount/fs/dirty.py"})),

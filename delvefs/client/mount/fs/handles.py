@@ -79,9 +79,18 @@ class Handles:
         self.dirs[fh] = h
         return fh
 
-    def drop_file(self, fh: int) -> FileHandle | None:
-        """Forget file handle ``fh`` (released); the handle, if it was open."""
-        return self.files.pop(fh, None)
+    def close_file(self, fh: int) -> tuple[FileHandle, object] | None:
+        """Release file handle ``fh``: forgotten, its descriptor closed, its cache entry let
+        go of; (the handle, that entry or None) for the caller to release in the cache, or
+        None when ``fh`` was not open."""
+        h = self.files.pop(fh, None)
+        if h is None:
+            return None
+        if h.fd is not None:
+            os.close(h.fd)
+            h.fd = None
+        entry, h.entry = h.entry, None
+        return h, entry
 
     def drop_dir(self, fh: int) -> None:
         self.dirs.pop(fh, None)

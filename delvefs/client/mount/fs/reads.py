@@ -252,14 +252,10 @@ class Reads:
 
     async def release(self, fh: int) -> None:
         """A reading handle closed: its descriptor, its read-ahead and its hold end."""
-        h = self.handles.drop_file(fh)
-        if h is None:
+        closed = self.handles.close_file(fh)
+        if closed is None:
             return
-        if h.fd is not None:
-            os.close(h.fd)
-            h.fd = None
+        h, entry = closed
         self.readahead.stop(h.stream)
-        entry = h.entry
         if entry is not None:
-            h.entry = None
             self.cache.release(entry)

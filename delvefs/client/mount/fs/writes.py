@@ -385,15 +385,11 @@ class Writes:
     async def release(self, fh: int) -> None:
         """A writing handle closed (after its flush): its descriptor closed, one writer less;
         a file its flush could not upload is left to the background uploader (retried)."""
-        h = self.handles.drop_file(fh)
-        if h is None:
+        closed = self.handles.close_file(fh)
+        if closed is None:
             return
-        if h.fd is not None:
-            os.close(h.fd)
-            h.fd = None
-        entry = h.entry
+        h, entry = closed
         if entry is not None:
-            h.entry = None
             self.dirty.drop_writer(entry)
             if entry.dirty and entry.writers == 0 and not h.node.gone:
                 self.uploads.schedule(entry)
