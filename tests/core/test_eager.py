@@ -146,7 +146,7 @@ async def test_an_old_journal_record_without_a_base_is_replayed_after_a_head(
     w2 = w.restart()
     await w2.start()
     w2.fs.recover()
-    [entry] = w2.fs.dirty.entries()
+    [entry] = w2.fs.written.entries()
     try:
         await w2.fs.uploads.upload(entry)
     except FsError:
@@ -212,14 +212,14 @@ async def eager_world(make_world, *views, **settings):
 
 def queued(w) -> bool:
     """Some closed file is still to be uploaded (in its write-back delay, or queued)."""
-    return bool(w.fs.uploads._pending or w.fs.uploads._waiting)
+    return bool(w.fs.written._pending or w.fs.written._waiting)
 
 
 async def settle(w):
     """Until every queued upload and delete is done (or failed once), and the journal
     records of the uploaded files are gone. (The files closed last wait out the write-back
     delay first: ``write_back``, 2 s by default.)"""
-    while queued(w) and not w.fs.uploads._failures or w.fs.deletes and not any(
+    while queued(w) and not w.fs.written._failures or w.fs.deletes and not any(
             d["error"] for d in w.fs.deletes.queued.values()) or w.cache.journal.removals_pending():
         await trio.sleep(0.005)
 
@@ -241,7 +241,7 @@ async def test_eager_close_returns_before_the_upload_readers_here_see_it_at_once
         assert len(os.listdir(w.cache.journal)) == 1
         f = await w.path("v/f")
         with trio.fail_after(5):                     # once the mount is idle
-            while not w.fs.uploads._uploading:
+            while not w.fs.written._uploading:
                 await trio.sleep(0.005)
         assert await w.fs.getxattr(f.ino, "user.delvefs.upload") == b"uploading"
         assert [r["state"] for r in w.fs.upload_report()] == ["uploading"]
@@ -300,7 +300,7 @@ async def test_eager_failures_are_retried_reported_and_synced(make_world, mock_c
         await w.write("v/f", b"kept")                # close succeeds: it is journaled
         f = await w.path("v/f")
         with trio.fail_after(60):                    # its write-back delay, then a try
-            while not w.fs.uploads._failures:
+            while not w.fs.written._failures:
                 await trio.sleep(0.01)
         state = await w.fs.getxattr(f.ino, "user.delvefs.upload")
         assert state.startswith(b"failed: ") and b"fake S3 refuses" in state
@@ -798,16 +798,16 @@ async def test_eager_reopen_after_the_upload_keeps_the_inode_and_closes_cleanly(
 
 async def test_eager_uploads_give_way_while_requests_come_and_run_all_once_idle(make_world):
     w = await eager_world(make_world, upload_concurrency=8)
-    w.fs.uploads.upload_idle = 60.0                     # "busy" for the whole test
+    w.fs.written.upload_idle = 60.0                     # "busy" for the whole test
     uploads = HeldUploads(w)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         for i in range(6):
             await w.write(f"v/f{i}", b"x")
         await trio.sleep(0.01)
-        assert uploads.running == w.fs.uploads.upload_busy == 0   # the writer goes first
-        w.fs.uploads.backlog_files = 6                     # past the backlog bound: all of them
-        w.fs.uploads._kick.set()
+        assert uploads.running == w.fs.written.upload_busy == 0   # the writer goes first
+        w.fs.written.backlog_files = 6                     # past the backlog bound: all of them
+        w.fs.written.kick()
         with trio.fail_after(5):
             while uploads.running < 6:
                 await trio.sleep(0.001)
@@ -819,8 +819,8 @@ async def test_eager_uploads_give_way_while_requests_come_and_run_all_once_idle(
 
 async def test_held_back_uploads_start_once_the_backlog_passes_its_bytes_while_requests_go_on(make_world):
     w = await eager_world(make_world, upload_concurrency=8)
-    w.fs.uploads.upload_idle = 60.0                     # "busy" for the whole test
-    w.fs.uploads.backlog_bytes = 1000
+    w.fs.written.upload_idle = 60.0                     # "busy" for the whole test
+    w.fs.written.backlog_bytes = 1000
     uploads = HeldUploads(w)
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)

@@ -182,7 +182,7 @@ async def test_fsync_journal_of_a_scratch_file_is_durable_and_not_uploaded(make_
         assert ("fdatasync", real(entry.path)) in synced
         assert ("fsync", real(w.cache.journal.dir / f"{record['file']}.json")) in synced
         await w.close(fh)
-        await until(lambda: not (w.fs.uploads._pending or w.fs.uploads._waiting))
+        await until(lambda: not (w.fs.written._pending or w.fs.written._waiting))
         nursery.cancel_scope.cancel()
     assert w.store.wcalls["upload"] == 0 and w.fs.scratch_files() == ["v/draft.tmp"]
 

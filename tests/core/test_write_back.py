@@ -35,7 +35,7 @@ async def eager_world(make_world, *views, **settings):
 
 
 def queued(w) -> bool:
-    return bool(w.fs.uploads._pending or w.fs.uploads._waiting or w.fs.uploads._uploading)
+    return bool(w.fs.written._pending or w.fs.written._waiting or w.fs.written._uploading)
 
 
 async def until(condition, bound: float = 600):
@@ -75,7 +75,7 @@ async def test_files_closed_and_unlinked_within_the_delay_cost_no_upload_and_no_
     mount is idle), the job writes its metadata and removes the marker."""
     mock_clock.autojump_threshold = 0
     w = await eager_world(make_world)
-    assert w.fs.uploads.write_back == DELAY > 0
+    assert w.fs.written.write_back == DELAY > 0
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         top = await w.path("v")
@@ -190,9 +190,9 @@ async def test_hurry_ends_the_wait_of_a_closed_file(make_world, mock_clock):
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         await w.write("v/f", b"soon")
-        await jump(mock_clock, w.fs.uploads.upload_idle)  # the mount is idle; f waits
+        await jump(mock_clock, w.fs.written.upload_idle)  # the mount is idle; f waits
         assert w.obj("v", "data/f") is None
-        w.fs.uploads.hurry(w.cache.get("b", "data/f"))
+        w.fs.written.hurry(w.cache.get("b", "data/f"))
         await trio.testing.wait_all_tasks_blocked()
         assert w.obj("v", "data/f")["data"] == b"soon"
         nursery.cancel_scope.cancel()
@@ -208,7 +208,7 @@ async def test_an_fsync_that_keeps_the_file_local_ends_its_wait_also_at_the_clos
         await w.fs.fsync(fh)
         await w.close(fh)                                 # not written since: no wait
         assert await state(w, "v/f") == b"pending"
-        await jump(mock_clock, w.fs.uploads.upload_idle)
+        await jump(mock_clock, w.fs.written.upload_idle)
         assert w.obj("v", "data/f")["data"] == b"fsynced"
         fh, _ = await w.open_write("v/g")
         await w.fs.write(fh, 0, b"fsynced")
@@ -224,14 +224,14 @@ async def test_past_a_backlog_bound_waiting_files_go_without_their_delay(make_wo
                                                                         bound):
     w = await eager_world(make_world)                      # the clock moves by jumps only
     if bound == "files":
-        w.fs.uploads.backlog_files = 5
+        w.fs.written.backlog_files = 5
     else:
-        w.fs.uploads.backlog_bytes = 5000
+        w.fs.written.backlog_bytes = 5000
     async with trio.open_nursery() as nursery:
         await nursery.start(w.fs.run_uploads)
         for i in range(4):
             await w.write(f"v/f{i}", b"x" * 1000)
-        await jump(mock_clock, w.fs.uploads.upload_idle)  # the mount is idle: under the
+        await jump(mock_clock, w.fs.written.upload_idle)  # the mount is idle: under the
         assert w.store.uploaded == []                     # bound, they wait
         await w.write("v/f4", b"x" * 1000)                # the bound passed: all go now
         await trio.testing.wait_all_tasks_blocked()
@@ -246,7 +246,7 @@ async def test_write_back_0_uploads_once_the_mount_is_idle(make_world, mock_cloc
         await nursery.start(w.fs.run_uploads)
         await w.write("v/f", b"at once")
         assert await state(w, "v/f") == b"pending"
-        await jump(mock_clock, w.fs.uploads.upload_idle)  # once the mount is idle
+        await jump(mock_clock, w.fs.written.upload_idle)  # once the mount is idle
         assert w.obj("v", "data/f")["data"] == b"at once"
         nursery.cancel_scope.cancel()
 
@@ -285,6 +285,6 @@ async def test_a_file_that_keeps_changing_is_not_held_past_the_backlog_age(make_
     await w.write("v/progress", b"1")
     assert await state(w, "v/progress") == b"waiting"
     entry = w.cache.get("b", "data/progress")
-    entry.meta["since"] -= w.fs.uploads.backlog_age   # dirty that long, closed every second
+    entry.meta["since"] -= w.fs.written.backlog_age   # dirty that long, closed every second
     await w.write("v/progress", b"2", os.O_WRONLY | os.O_TRUNC)
     assert await state(w, "v/progress") == b"pending"  # goes as soon as the mount is idle

@@ -305,8 +305,9 @@ def test_rw_new_and_truncated_files_are_written_by_the_kernel_and_uploaded_at_cl
 def test_eager_rw_writes_through_passthrough_instead_of_the_writeback_cache(mounts, s3, bucket):
     """``--eager -o passthrough=rw``: the kernel writes new files into their local file
     itself (no write request), close returns once the file is journaled, `delvefs sync`
-    uploads it whole; an uploaded file opened without O_TRUNC and written again goes
-    through the mount, and is uploaded again."""
+    uploads it whole; an uploaded file opened without O_TRUNC and written again is written
+    by the kernel too while it is whole in the cache and smaller than a part (8 MiB), else
+    through the mount (its ranges log: the upload copies the rest server-side)."""
     mp, requests = mount_with_metrics(mounts, bucket, "--eager", "-o", "passthrough=rw")
     st = status(mounts, mp)
     assert st["passthrough"]["state"] == "on" and st["passthrough"]["writes"], st["passthrough"]
@@ -323,10 +324,24 @@ def test_eager_rw_writes_through_passthrough_instead_of_the_writeback_cache(moun
     with open(mp / "data/new.bin", "r+b") as f:  # written again in place
         f.seek(4096)
         f.write(b"again")
+    assert requests().get("write", 0) == before.get("write", 0)
     r = mounts.run("sync", str(mp))
     assert r.returncode == 0, r.stderr
     assert get(s3, bucket, "data/new.bin") == chunk + b"again" + (chunk * 1280)[4096 + 5:]
     assert (mp / "data/new.bin").read_bytes()[4096:4101] == b"again"
+    # a file of a part or more, written in place: through the mount, rebuilt server-side
+    big = os.urandom(MiB) * 9
+    (mp / "data/big.bin").write_bytes(big)
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    before = requests()
+    with open(mp / "data/big.bin", "r+b") as f:
+        f.seek(5 * MiB)
+        f.write(b"changed")
+    assert requests().get("write", 0) > before.get("write", 0)
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert get(s3, bucket, "data/big.bin") == big[:5 * MiB] + b"changed" + big[5 * MiB + 7:]
 
 
 @needs_passthrough

@@ -186,7 +186,7 @@ def test_random_operations_match_a_local_directory_and_s3(mounts, s3, bucket, tm
 # appending of a file created and closed moments before fails with ENOENT, without a log
 # line (create_truncate, create_read_append: a few rounds in ten); and EIO for the close
 # of an append of 0 bytes right after the create (create_append_empty): the mount log
-# shows `TypeError` in `DirtyFiles._write` (`entry.meta` is None: the background upload
+# shows `TypeError` in `WrittenFiles._write` (`entry.meta` is None: the background upload
 # finished and unjournaled the file before the second close persisted it), logged as an
 # unexpected error in flush. Strict mode passes. Run them with
 # `pytest tests/integration/test_random_ops.py -k reduced`.

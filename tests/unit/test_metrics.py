@@ -58,7 +58,7 @@ class FakeCache(SimpleNamespace):
 def fake_core(**over):
     cache = FakeCache(hits=5, misses=2, hit_bytes=5000, miss_bytes=8192, got=1 << 20, gets=3,
                       evictions=1, bytes=4096, limit=1 << 30)
-    dirty = SimpleNamespace(entries=lambda: [SimpleNamespace(size=10), SimpleNamespace(size=32)])
+    written = SimpleNamespace(entries=lambda: [SimpleNamespace(size=10), SimpleNamespace(size=32)])
     report = [{"state": "pending"}, {"state": "failed"}, {"state": "failed"}, {"state": "conflict"}]
     view_state = SimpleNamespace(name="data", bucket="b1", root="data", ttl=2.0, unshown=(),
                                  listing=SimpleNamespace(id="v1", listed=True, version=3,
@@ -69,7 +69,7 @@ def fake_core(**over):
                             listing=SimpleNamespace(id=None, listed=False, version=0,
                                                     fresh_at=float("-inf"), refreshing=None,
                                                     stale=None, stale_since=None))
-    core = SimpleNamespace(cache=cache, dirty=dirty, upload_report=lambda: report,
+    core = SimpleNamespace(cache=cache, written=written, upload_report=lambda: report,
                            uploads=SimpleNamespace(count=9, conflicts=[{}]),
                            views=[view_state, never])
     for k, v in over.items():

@@ -44,9 +44,9 @@ RECORDS: dict[str, tuple[str, frozenset[str]]] = {
                                                     "mount/fs/handles.py"})),  # (closing one)
     "DirHandle": ("mount/fs/handles.py", frozenset({"mount/fs/attributes.py"})),
     # a cached object: the cache (its bytes and bound) and the write side (dirty state)
-    "CacheEntry": ("mount/cache/cacheentry.py", frozenset({"mount/cache/datacache.py", "mount/cache/cachebound.py", "mount/fs/dirty.py"})),
+    "CacheEntry": ("mount/cache/cacheentry.py", frozenset({"mount/cache/datacache.py", "mount/cache/cachebound.py", "mount/fs/written.py"})),
     # a dirty file's ranges log
-    "RangesLog": ("mount/fs/dirty.py", frozenset({"mount/fs/dirty.py"})),
+    "RangesLog": ("mount/cache/rangeslog.py", frozenset({"mount/cache/rangeslog.py", "mount/fs/written.py"})),
     # a fetch of blocks under way
     "Fetch": ("mount/cache/cacheentry.py", frozenset({"mount/cache/datacache.py"})),
     # passthrough: a backing file, and an inode's open files

@@ -223,7 +223,7 @@ class FakeWrites:
         self.calls.append((h, size))
 
 
-class FakeDirty:
+class FakeWritten:
     def __init__(self):
         self.logs = {}
         self.journaled = []
@@ -234,7 +234,7 @@ class FakeDirty:
 
 def test_rw_a_new_local_file_is_written_by_the_kernel_and_taken_from_its_file(tmp_path):
     core, kernel, pt = setup(writes=True)
-    core.writes, core.dirty = FakeWrites(), FakeDirty()
+    core.writes, core.written = FakeWrites(), FakeWritten()
     path = tmp_path / "w-1"
     path.write_bytes(b"")
     e = CacheEntry("b", "k", str(path))
@@ -245,7 +245,7 @@ def test_rw_a_new_local_file_is_written_by_the_kernel_and_taken_from_its_file(tm
     core.handles.files[1] = h
     try:
         assert pt.answer(1, os.O_WRONLY | os.O_CREAT) == (1, False)
-        assert core.dirty.journaled == [e]  # before the kernel writes its first byte
+        assert core.written.journaled == [e]  # before the kernel writes its first byte
         assert pt.writes_through(1) and n.ino in pt.writing
         pt.sync(n.ino)
         assert core.writes.calls == []  # unchanged since the open
@@ -256,7 +256,7 @@ def test_rw_a_new_local_file_is_written_by_the_kernel_and_taken_from_its_file(tm
         assert len(core.writes.calls) == 1
         # a reader opened meanwhile reads the local file itself; a sparse writer does not
         assert pt.answer(handle(core, 2, n, None), os.O_RDONLY) == (1, False)
-        core.dirty.logs[os.path.basename(e.path)] = object()
+        core.written.logs[os.path.basename(e.path)] = object()
         h3 = WriteHandle(n, h.fd, e)
         core.handles.files[3] = h3
         assert pt.answer(3, os.O_RDWR) == (1, True)
@@ -270,9 +270,9 @@ def test_rw_a_new_local_file_is_written_by_the_kernel_and_taken_from_its_file(tm
 
 def test_rw_off_keeps_writers_on_the_mounts_path(tmp_path):
     core, kernel, pt = setup()
-    core.dirty = FakeDirty()
+    core.written = FakeWritten()
     e = CacheEntry("b", "k", str(tmp_path / "w"))
     e.dirty, e.present = True, None
     core.cache.entries[("b", "k")] = e
     assert pt.answer(handle(core, 1, node(), e, writer=True), os.O_WRONLY) == (0, False)
-    assert core.dirty.journaled == [] and not pt.writes_through(1)
+    assert core.written.journaled == [] and not pt.writes_through(1)

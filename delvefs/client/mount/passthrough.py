@@ -20,14 +20,16 @@ rules would apply) nor eager mounts (below).
 
 Writers (``-o passthrough=rw`` only): a handle writing a file that is whole in its own
 local file — a create, an ``O_TRUNC`` open, a file written here and not uploaded yet
-without a ranges log. Its journal record is written at the open (the mount will not see
+without a ranges log, or an object opened without ``O_TRUNC`` whose every byte is in the
+cache and that is smaller than an upload part (its ranges log is dropped: the upload sends
+the whole file anyway). Its journal record is written at the open (the mount will not see
 the first byte); the kernel writes the file itself, and the mount takes size and mtime
 from the file (``sync``, ``Writes.written_by_kernel``) whenever it needs them: before it
 answers attributes of the inode, before any other request on it (an open, a create or
 rename or unlink of its name, a read or write of a descriptor it serves with direct I/O)
 and at flush, fsync, release, truncate and fallocate — then uploads as before. Not for a
-write-in-place of an object in S3 (a ranges log records what it changes, so that the
-upload copies the rest server-side), nor with ``DELVEFS_UPLOAD_WHILE_WRITING``. A server-side copy (``copy_file_range``) into such a
+write-in-place of an object partly cached or of a part or more (a ranges log records what
+it changes, so that the upload copies the rest server-side), nor with ``DELVEFS_UPLOAD_WHILE_WRITING``. A server-side copy (``copy_file_range``) into such a
 handle is refused (EOPNOTSUPP: the kernel copies by read and write), because the kernel
 would go on writing the file the copy replaced.
 
@@ -373,15 +375,30 @@ class Passthrough:
         core = self.core
         if not entry.dirty or h.node.gone or core.cache.get(entry.bucket, entry.key) is not entry:
             return None
+        if entry.source is not None and self._whole_and_small(entry):
+            # an object opened without O_TRUNC whose every byte is local and whose upload is
+            # one PUT anyway: it needs no ranges log (nothing is copied server-side)
+            try:
+                core.written.unsource(entry)
+            except Exception as exc:  # noqa: BLE001 — a full disk: the mount writes it, as before
+                log.info("FUSE passthrough skipped for writing %s/%s: %s", entry.bucket, entry.key, exc)
+                return None
         if entry.present is not None or entry.source is not None \
-                or os.path.basename(entry.path) in core.dirty.logs:
+                or os.path.basename(entry.path) in core.written.logs:
             return None
         try:
-            core.dirty.journal(entry)
+            core.written.journal(entry)
         except Exception as exc:  # noqa: BLE001 — a full disk: the mount writes it, as before
             log.info("FUSE passthrough skipped for writing %s/%s: %s", entry.bucket, entry.key, exc)
             return None
         return entry
+
+    def _whole_and_small(self, entry) -> bool:
+        """A written file based on an object holds all of its bytes locally and is smaller
+        than a part (its upload sends the whole file: no range is copied server-side)."""
+        part = getattr(self.core.store, "part_size", 0)
+        return not self.core.written.sparse(entry) and entry.size < part \
+            and entry.source_len < part
 
     def _register(self, fd: int) -> int:
         try:

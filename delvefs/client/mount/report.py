@@ -40,7 +40,7 @@ def upload_counts(report: list[dict]) -> dict[str, int]:
 
 def dirty_bytes(core) -> int:
     """Bytes of the files written through the mount and not in S3 yet."""
-    return sum(e.size for e in core.dirty.entries())
+    return sum(e.size for e in core.written.entries())
 
 
 async def mount_status(core, mountpoint: str, cache_dir, args: dict) -> dict:

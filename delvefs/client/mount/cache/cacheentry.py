@@ -4,7 +4,7 @@ bytes of it into its file (:class:`Fetch`): the data the cache's parts share.
 An entry's fields are changed by their owners only: ``present``, ``source``, ``fetches``
 and ``opens`` by ``delvefs.client.mount.cache.datacache.DataCache``; ``blocks`` and ``counted`` by its
 bound (``delvefs.client.mount.cache.cachebound.CacheBound``); ``dirty``, ``gen``, ``meta``,
-``writers`` and ``journaled`` by the write side (``delvefs.client.mount.fs.dirty``). A fetch's
+``writers`` and ``journaled`` by the write side (``delvefs.client.mount.fs.written``). A fetch's
 ``received`` is written by the worker thread of its GET, everything else on the trio loop.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Fetch:
 
 class CacheEntry:
     """One object version's bytes in the cache. ``dirty``, ``gen``, ``meta``, ``writers``
-    and ``journaled`` are the write side's state (changed by ``delvefs.client.mount.fs.dirty``).
+    and ``journaled`` are the write side's state (changed by ``delvefs.client.mount.fs.written``).
     ``present``/``source``/``source_len``: see ``delvefs.client.mount.cache.datacache``."""
     __slots__ = ("bucket", "key", "path", "etag", "size", "validated", "opens", "dirty",
                  "gen", "meta", "writers", "journaled", "present", "source", "source_len",

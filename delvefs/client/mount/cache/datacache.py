@@ -50,7 +50,7 @@ one version change per object at a time (``_busy``).
 Write side: the cache stores the files of *dirty* entries too (``dirty`` = True: being
 written, or written and not uploaded yet), each under a path of its own (``data/w-<id>``,
 ``own_file``), with its journal record (``journal/w-<id>.json``: ``delvefs.client.mount.cache.journal``). Their
-state changes are made by ``delvefs.client.mount.fs.dirty`` alone; the cache never evicts from a
+state changes are made by ``delvefs.client.mount.fs.written`` alone; the cache never evicts from a
 dirty entry and serves it to readers as it is.
 
 The cache's *clean* part lives for one mount session: when ``DataCache`` starts it
@@ -100,7 +100,7 @@ class DataCache:
         self.journal = Journal(Path(directory) / "journal", self.dir)
         self.publishes = PublishJournal(Path(directory) / PUBLISH)
         records = self.journal.read()
-        # a sparse dirty file's ranges log (delvefs.client.mount.fs.dirty) stays with its record
+        # a sparse dirty file's ranges log (delvefs.client.mount.fs.written) stays with its record
         keep = {r["file"] for r in records} | {r["file"] + ".ranges" for r in records}
         self.tmp.mkdir(exist_ok=True)
         for d in (self.dir, self.tmp):

@@ -2,7 +2,7 @@
 cache directories.
 
 A dirty file's record (``<cache-dir>/journal/<file>.json``, written by
-``delvefs.client.mount.fs.dirty``) names its data file under ``<cache-dir>/data``, its bucket,
+``delvefs.client.mount.fs.written``) names its data file under ``<cache-dir>/data``, its bucket,
 key and the version it is based on. A file's first record is created and written by one
 write(2) (an eager untar journals every file: a tmp file and a rename cost several times
 that); a record written again replaces the old one by tmp + rename (never half a record).

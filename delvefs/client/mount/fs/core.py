@@ -17,22 +17,24 @@ construction (each names what it uses; arrows point at what a part calls):
 ``listings``    registration, listings and delta refreshes, staleness, reload  → tree
 ``properties``  tags and metadata of files, retagging                           → tree
 ``deletes``     eager unlinks' DELETEs in DeleteObjects batches
-``uploads``     conditional uploads and conflicts, the background queue, sync,
-                recovery, shutdown, parts sent while written   → tree, properties, deletes
+``written``     everything about a file being written: its write-side state, journal
+                record, writers, and place in the upload queue
+``uploads``     conditional uploads and conflicts, the background uploader, sync,
+                recovery, shutdown, parts sent while written
+                                                    → written, tree, properties, deletes
 ``writes``      create, write, flush, fsync, truncate, release of writing handles
-                                                               → uploads, listings
+                                                               → written, uploads, listings
 ``reads``       open for reading, read, release of reading handles         → readahead
 ``readahead``   sequential read-ahead: its rule, per-handle state and settings
 ``publisher``   directory renames published as one batch: records, manifests, recovery
                                                                           → uploads, tree
 ``namespace``   unlink, mkdir, rmdir, rename            → uploads, deletes, publisher, listings
-``xattrs``      extended attributes                           → properties, uploads, listings
+``xattrs``      extended attributes                           → properties, written, listings
 ``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs       → listings
 ``confirmations``  waits until the handler has what this mount wrote (``delvefs sync``)
 ``shape``, ``writing``  subsystems: records of parts the widest parts are given together
                 (``subsystems``: what the mount shows; what happens to written files)
-``handles``     open file and directory handles; ``dirty`` the dirty files and their
-                journal (:class:`DirtyFiles`); ``table`` the inode table
+``handles``     open file and directory handles; ``table`` the inode table
 
 Every setting comes from one frozen :class:`delvefs.client.mount.settings.MountSettings`.
 
@@ -43,7 +45,7 @@ are: waiting for a view refresh, handler HTTP calls, S3 calls (worker threads vi
 ``delvefs.client.mount.s3async``), and waiting for another task's download of the same object.
 After each await, operations re-read the node/handle state instead of trusting what they
 saw before. Each part states its own rules: tree edits never await (``tree``), cache
-file I/O runs on the loop (``reads``), one dirty file's uploads, renames and unlinks take
+file I/O runs on the loop (``reads``), one written file's uploads, renames and unlinks take
 turns (``uploads``), and an open of a file waits for this mount's rename, replacement or
 unlink of it under way (``Tree.moving``): what a descriptor lacks would come from the key
 that operation deletes.
@@ -63,7 +65,7 @@ from .attributes import Attributes
 from .catalog import ViewCatalog
 from .confirm import Confirmations
 from .deletes import DeleteQueue
-from .dirty import DirtyFiles
+from .written import WrittenFiles
 from .handles import Handles
 from .inodes import Dir, File, InodeTable, Node
 from .layout import PropertyLayout
@@ -103,28 +105,28 @@ class FileSystem:
         self.table = InodeTable(time.time_ns())
         self.catalog = ViewCatalog(views)
         self.handles = Handles()
-        self.dirty = DirtyFiles(cache)
+        self.written = WrittenFiles(cache, settings)
         self.layout = PropertyLayout()
         self.tree = Tree(self.table, self.catalog, self.handles, self.layout, cache,
                          notifier or NullNotifier(), settings)
-        self.listings = Listings(self.catalog, self.tree, handler, self.dirty, settings,
+        self.listings = Listings(self.catalog, self.tree, handler, self.written, settings,
                               reregister=reregister)
-        self.properties = Properties(store, cache, self.dirty, self.tree)
+        self.properties = Properties(store, cache, self.written, self.tree)
         self.deletes = DeleteQueue(store, settings)
-        self.uploads = Uploads(store, cache, self.dirty, self.catalog, self.tree,
+        self.uploads = Uploads(store, cache, self.written, self.catalog, self.tree,
                                self.properties, self.deletes, settings)
         self.shape = Shape(self.table, self.catalog, self.tree, self.layout)
-        self.writes = Writes(self.shape, self.handles, self.listings, self.uploads, self.dirty,
+        self.writes = Writes(self.shape, self.handles, self.listings, self.uploads, self.written,
                              cache, store, settings)
         self.readahead = ReadAhead(cache, store)
-        self.reads = Reads(self.table, self.handles, self.tree, self.dirty, self.readahead,
+        self.reads = Reads(self.table, self.handles, self.tree, self.written, self.readahead,
                            cache, store)
-        self.publisher = Publisher(store, cache, self.dirty, self.uploads, self.tree)
-        self.writing = Writing(self.dirty, self.uploads, self.deletes, self.properties,
+        self.publisher = Publisher(store, cache, self.written, self.uploads, self.tree)
+        self.writing = Writing(self.written, self.uploads, self.deletes, self.properties,
                                self.publisher)
         self.namespace = Namespace(self.shape, self.listings, self.writing, self.reads, cache,
                                    store, settings)
-        self.xattrs = Xattrs(self.table, self.listings, self.properties, self.uploads, cache, handler)
+        self.xattrs = Xattrs(self.table, self.listings, self.properties, self.written, cache, handler)
         self.confirmations = Confirmations(handler, store.written)
         self.passthrough = None  # the FUSE adapter's, once it attaches it
         self.attributes = Attributes(self.table, self.handles, self.tree, self.listings,

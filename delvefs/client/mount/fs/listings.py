@@ -53,12 +53,12 @@ def _single(group: BaseExceptionGroup) -> BaseException:
 class Listings:
     """Registration and freshness of the mount's views."""
 
-    def __init__(self, catalog: ViewCatalog, tree: Tree, handler, dirty, settings, *,
+    def __init__(self, catalog: ViewCatalog, tree: Tree, handler, written, settings, *,
                  reregister=None):
         self.catalog = catalog
         self.tree = tree
         self.handler = handler
-        self.dirty = dirty
+        self.written = written
         self.stale_after = settings.stale_after
         self.scan_wait = settings.scan_wait
         self.page_size = settings.page_size
@@ -124,7 +124,7 @@ class Listings:
             # a dropped view's dirty files are still uploaded: the catalog keeps it by name
             # until its name is used again
             self.catalog.replace(states)
-            for entry in self.dirty.entries():  # dirty files of a changed view: in its new directory
+            for entry in self.written.entries():  # dirty files of a changed view: in its new directory
                 vs = self.catalog.get((entry.meta or {}).get("view"))
                 if vs is not None and vs.name in changed and entry.bucket == vs.bucket:
                     self.tree.show_dirty(vs, entry, notify=False)

@@ -53,7 +53,7 @@ class Namespace:
         self.properties: Properties = writing.properties
         self.publisher: Publisher = writing.publisher
         self.reads = reads
-        self.dirty = writing.dirty
+        self.written = writing.written
         self.cache = cache
         self.store = store
         self.eager = settings.eager
@@ -102,7 +102,7 @@ class Namespace:
                 entry = self.cache.get(bucket, key)
                 if entry is not None:
                     self.uploads.unschedule(entry)
-                    self.dirty.orphan(entry)
+                    self.written.orphan(entry)
                 self.tree.keep_dir(node.parent)
                 if local_only:
                     self.tree.drop_local(bucket, key, vs)
@@ -317,8 +317,8 @@ class Namespace:
                     # nothing; a conflict copy renamed is an ordinary file again
                     base, existing = self._known_version(db, dk, target)
                     self._discard_written(db, dk, entry, dst_vs)
-                    self.dirty.rekey(entry, db, dk)
-                    self.dirty.update_record(entry, view=dst_vs.name, base=base, conflict=None,
+                    self.written.rekey(entry, db, dk)
+                    self.written.update_record(entry, view=dst_vs.name, base=base, conflict=None,
                                              existing=existing,
                                              batch=batch if entry.writers == 0 else None)
                     self.tree.shown_as(node, etag="")
@@ -359,20 +359,20 @@ class Namespace:
             self._discard_written(db, dk, None, dst_vs)  # replaced: the target's local copy is void
         now = self.cache.get(sb, sk)
         if held and ce is now:
-            self.dirty.rekey(ce, db, dk)  # the handles' file follows, its version the copy
+            self.written.rekey(ce, db, dk)  # the handles' file follows, its version the copy
             if ce.dirty:  # written while it was copied: based on the copy (the same bytes)
-                self.dirty.rebased(ce, info["etag"], info["size"])
+                self.written.rebased(ce, info["etag"], info["size"])
                 result["dirty"] = ce
             else:
                 self.cache.validated(ce, info["etag"])
         elif now is not None and now.dirty:
             # opened for writing while it was copied: its writes follow the file (based on
             # the version it was opened on; a copy with another ETag is a conflict at upload)
-            self.dirty.rekey(now, db, dk)
-            self.dirty.update_record(now, view=dst_vs.name)
+            self.written.rekey(now, db, dk)
+            self.written.update_record(now, view=dst_vs.name)
             result["dirty"] = now
         elif now is not None and now.etag == info["etag"]:
-            self.dirty.rekey(now, db, dk)  # the very version copied: still valid
+            self.written.rekey(now, db, dk)  # the very version copied: still valid
         else:
             self.cache.forget(sb, sk)
             old = self.cache.get(db, dk)
@@ -424,7 +424,7 @@ class Namespace:
             return
         dirty = old.dirty
         self.uploads.unschedule(old)
-        self.dirty.orphan(old)
+        self.written.orphan(old)
         if dirty:
             self.tree.drop_local(bucket, key, None, skip=dst_vs)
 
@@ -455,7 +455,7 @@ class Namespace:
             self.tree.dirtied(dst_vs, node, entry)
             if entry.writers == 0:
                 if self.eager:
-                    self.uploads.schedule(entry)
+                    self.written.queue(entry)
                 else:
                     await self.uploads.upload(entry)  # a tmp file renamed to its final name: uploaded now
             return

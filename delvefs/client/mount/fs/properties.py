@@ -32,10 +32,10 @@ def final_tags(entry, vs, remote: dict | None) -> dict:
 class Properties:
     """Tags and metadata of files (cached per inode)."""
 
-    def __init__(self, store, cache, dirty, tree):
+    def __init__(self, store, cache, written, tree):
         self.store = store
         self.cache = cache
-        self.dirty = dirty
+        self.written = written
         self.tree = tree
         self._cached: dict[int, tuple] = {}  # ino -> (time, tags, metadata, etag)
 
@@ -109,7 +109,7 @@ class Properties:
             tags.update(add)
             untag -= set(add)
             try:
-                self.dirty.update_record(entry, tags=tags, untag=sorted(untag))
+                self.written.update_record(entry, tags=tags, untag=sorted(untag))
             except StoreError as exc:
                 raise store_failure(exc, "tagging", bucket, key) from exc
             self._cached.pop(node.ino, None)

@@ -26,7 +26,7 @@ import trio
 from delvefs.shared.manifests import (BATCH_FIELD, manifest_key, manifest_metadata, new_batch)
 
 from ..errors import FsError, StoreError
-from .dirty import DirtyFiles
+from .written import WrittenFiles
 from .tree import Tree
 from .uploads import Uploads
 
@@ -47,10 +47,10 @@ class Publisher:
     retry_initial = 1.0
     retry_max = 60.0
 
-    def __init__(self, store, cache, dirty: DirtyFiles, uploads: Uploads, tree: Tree):
+    def __init__(self, store, cache, written: WrittenFiles, uploads: Uploads, tree: Tree):
         self.store = store
         self.cache = cache
-        self.dirty = dirty
+        self.written = written
         self.uploads = uploads
         self.tree = tree
         self._left = trio.Event()  # a commit failed: finish_left tries it again
@@ -125,11 +125,11 @@ class Publisher:
             if source is not None and source.dirty and source.meta is not None \
                     and not source.meta.get("conflict"):  # recorded, not re-keyed yet
                 self.tree.drop_local(bucket, sk, None)
-                self.dirty.rekey(source, bucket, dk)
+                self.written.rekey(source, bucket, dk)
                 entry = source
         if entry is not None and entry.dirty and entry.meta is not None:
             if entry.meta.get("batch") != batch:
-                self.dirty.update_record(entry, batch=batch)
+                self.written.update_record(entry, batch=batch)
             if not await self.uploads.upload(entry):
                 return None  # a scratch file or a conflict copy: no part of it
             return entry.etag

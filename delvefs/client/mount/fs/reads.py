@@ -38,13 +38,13 @@ KEEP_FOR_READERS_MAX = 256 << 20
 class Reads:
     """open (for reading), read and release of file handles."""
 
-    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, dirty,
+    def __init__(self, table: InodeTable, handles: Handles, tree: Tree, written,
                  readahead: ReadAhead, cache, store):
         self.table = table
         self.readahead = readahead
         self.handles = handles
         self.tree = tree
-        self.dirty = dirty
+        self.written = written
         self.cache = cache
         self.store = store
 
@@ -149,7 +149,7 @@ class Reads:
         Best effort: what cannot be fetched is EIO later, as after another client's delete."""
         readers = [h for h in self.handles.files.values() if not h.writer and h.node is node]
         entry = self.cache.get(node.parent.view.bucket, node.key)
-        local = entry is not None and entry.dirty and not self.dirty.sparse(entry)
+        local = entry is not None and entry.dirty and not self.written.sparse(entry)
         if not readers or (not local and node.size > KEEP_FOR_READERS_MAX):
             return
         for h in readers:

@@ -1,6 +1,6 @@
 """Rebuilding a big object from its base version and the ranges written locally.
 
-A dirty file opened from an existing object is not downloaded (``delvefs.client.mount.fs.dirty``):
+A dirty file opened from an existing object is not downloaded (``delvefs.client.mount.fs.written``):
 its cache file is sparse, ``changed`` says which bytes differ from the *source* (the base
 version) and bytes at or beyond ``source_len`` are local. At least the store's part size
 big and not all present, it is uploaded as a multipart upload whose parts are either

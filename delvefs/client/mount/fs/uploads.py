@@ -1,9 +1,11 @@
 """The write path's background: conditional whole-object uploads, conflicts, eager
 uploads and batched deletes, retries, recovery, shutdown.
 
-The uploads part owns what is to be uploaded and how that went: the queue of dirty files
-the background uploads, their retries and failures, the conflict copies, the entries'
-locks and the parts of large files sent while they are written (``parts``).
+The uploads part sends written files to S3 and owns what is in flight: the entries' locks,
+the parts of large files sent while they are written (``parts``), the conflict copies it
+made. Which files are to be uploaded, when, and how their last try went is the written
+files' state (``delvefs.client.mount.fs.written``: the queue, the write-back delay, the
+retries): this part picks from that queue and reports each outcome back to it.
 
 A dirty file's upload (``upload``: the view's ``set`` tags merged in, Content-Type from
 the name) is conditional on the version it was based on (If-Match / If-None-Match: *):
@@ -11,24 +13,11 @@ when S3 has another version by then, the local copy is kept as a *conflict copy*
 ``NAME.conflict-<UTC time>`` beside it (a local file of this mount, never uploaded;
 ``conflict``) and the other writer's object stays. A file left dirty is retried by
 ``run_uploads`` with backoff. In eager mode ``run_uploads`` uploads up to
-``upload_concurrency`` files at a time (holding back while requests keep coming), and
+``upload_concurrency`` files at a time (holding back while requests keep coming: the
+written files' ``upload_limit``), and
 unlinks queue their DELETEs (``delvefs.client.mount.fs.deletes``). ``sync_all``
 (``delvefs sync``) waits for both; ``shutdown`` uploads the rest at unmount; ``recover``
-schedules what an earlier mount's journal left.
-
-Write-back delay (eager mode, ``settings.write_back`` seconds, as rclone's
-``--vfs-write-back`` or the kernel's dirty_expire): a closed file *waits* until it was left
-unchanged that long — a close of a writer, a truncate or a rename starts its wait again —
-before the uploader may pick it, so a file removed within the delay (a workflow engine's
-marker files) costs no request at all: never uploaded, and no DELETE of a key S3 never had.
-The waiting files are kept in the order of their last change (``_waiting``): the uploader
-moves those whose delay is over to its queue and sleeps until the next one's ends (a
-timer, ``trio.move_on_at``). Sooner: ``sync_all``, fsync and ``shutdown`` upload
-whatever waits (an fsync that only makes the file durable locally, ``hurry``, ends its
-wait); a directory rename (a publish) uploads its files; past a backlog bound
-(``backlog_files`` files queued or waiting, ``backlog_bytes`` waiting) every waiting file
-goes at once; and a file dirty for ``backlog_age`` already is not held again when it is
-closed (a file rewritten every second still reaches S3).
+queues what an earlier mount's journal left.
 
 A file whose key cannot match its view (``ViewCatalog.can_match``) is a
 *scratch* file: never uploaded until a rename gives it a matching name. After an upload
@@ -46,7 +35,6 @@ import collections
 import contextlib
 import errno
 import logging
-import math
 import mimetypes
 import os
 import time
@@ -71,55 +59,22 @@ log = logging.getLogger(__name__)
 class Uploads:
     """The background of the write path: what is to be uploaded, and its uploads."""
 
-    # Background uploads give way to the mount's requests (they compete for the loop and the
-    # CPU; measured: even 1-2 uploads beside an untar cost as much as 16, and uploads that
-    # began mid-untar once 1,024 files waited tripled its time on one CPU): all of
-    # ``upload_concurrency`` run once no request came for ``upload_idle`` seconds or the
-    # backlog passes a bound (bytes and age, as the kernel's dirty_background_bytes and
-    # dirty_expire; the file count only bounds the journal a restart reads), else
-    # ``upload_busy`` at a time. sync, fsync and unmount upload at once, whatever this says.
-    upload_idle = 0.075
-    upload_busy = 0
-    backlog_files = 10_000
-    backlog_bytes = 256 << 20
-    backlog_age = 10.0
-    backlog_check_every = 0.1  # seconds: how often a held-back uploader looks at the bounds
-    # (the write-back delay itself is a setting, ``write_back``: eager mounts only)
-
-    def __init__(self, store, cache, dirty, catalog: ViewCatalog, tree: Tree,
+    def __init__(self, store, cache, written, catalog: ViewCatalog, tree: Tree,
                  properties: Properties, deletes: DeleteQueue, settings):
         self.store = store
         self.cache = cache
-        self.dirty = dirty
+        self.written = written
         self.catalog = catalog
         self.tree = tree
         self.properties = properties
         self.deletes = deletes
         self.upload_concurrency = max(1, settings.upload_concurrency)
-        self.write_back = max(0.0, settings.write_back) if settings.eager else 0.0
-        self.retry_initial = settings.retry_initial
-        self.retry_max = settings.retry_max
         self._locks: dict[str, trio.Lock] = {}  # journal file name -> upload lock
-        self._pending: dict[str, CacheEntry] = {}   # dirty entries the uploader retries
-        # closed files waiting out the write-back delay, in the order of their last change:
-        # file -> (when the wait ends, on the trio clock; the entry; its size then)
-        self._waiting: dict[str, tuple[float, CacheEntry, int]] = {}
-        self._waiting_bytes = 0
-        self._hurried: dict[str, int] = {}  # file -> its gen when an fsync asked for it
-        self._wake_at = math.inf  # when the uploader looks again by itself (no kick needed before)
-        self._retry: dict[str, tuple[float, float]] = {}  # file -> (next attempt, delay)
-        self._kick = trio.Event()
-        self._uploading: set[str] = set()        # files whose upload request runs now
-        self._failures: dict[str, str] = {}      # file -> why its last upload failed
         self.conflicts: list[dict] = []          # conflict copies made by this mount
         self._streams: dict = {}                 # file -> PartStream (parts sent while written)
-        # file -> (gen, ETag) of a rebuild whose completion went unanswered
-        self._unanswered: dict[str, tuple[int, str]] = {}
         self._bg: trio.Nursery | None = None     # the uploader's nursery (background sends)
         # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
         self._own_tags: collections.OrderedDict = collections.OrderedDict()
-        self._last_request = -math.inf
-        self._holding_back = False  # the uploader waits for the mount to be idle
         self.count = 0  # uploads done (statistics: tests, logs)
 
     def entry_lock(self, entry: CacheEntry) -> trio.Lock:
@@ -135,84 +90,11 @@ class Uploads:
                 await stack.enter_async_context(self.entry_lock(unique[name]))
             yield
 
-    def schedule(self, entry: CacheEntry, *, failed: bool = False, wait: bool = True) -> None:
-        """Leave a dirty file to the background uploader. ``wait``: it has just changed (a
-        close, a truncate, a rename): in eager mode it waits out the write-back delay first
-        (its wait starts again). ``failed``: its upload failed: tried again after a backoff."""
-        name = os.path.basename(entry.path)
-        if not entry.journaled:  # left to the background: must survive a crash now
-            try:
-                self.dirty.journal(entry)
-            except StoreError as exc:
-                log.warning("journal of %s/%s: %s", entry.bucket, entry.key, exc)
-        self._unwait(name)
-        if wait and not failed and self.write_back > 0 and not self._dirty_long(entry) \
-                and self._hurried.get(name) != entry.gen:
-            self._pending.pop(name, None)
-            due = trio.current_time() + self.write_back
-            self._waiting[name] = (due, entry, entry.size)  # at the end: the last changed
-            self._waiting_bytes += entry.size
-            # the uploader sleeps until the first wait ends, which is before this one's
-            if due < self._wake_at or self._over_bounds():
-                self._kick.set()
-            return
-        self._pending[name] = entry
-        if failed:
-            _, delay = self._retry.get(name, (0.0, 0.0))
-            delay = min(self.retry_max, max(self.retry_initial, delay * 2))
-            self._retry[name] = (trio.current_time() + delay, delay)
-        if not self._holding_back or len(self._pending) >= self.backlog_files:
-            self._kick.set()
-
     def unschedule(self, entry: CacheEntry) -> None:
-        name = os.path.basename(entry.path)
+        """The file is uploaded, removed, renamed or a conflict copy: its parts sent while
+        it was written are aborted, and it leaves the queue."""
         self.drop_stream(entry)
-        self._pending.pop(name, None)
-        self._unwait(name)
-        self._hurried.pop(name, None)
-        self._retry.pop(name, None)
-        self._failures.pop(name, None)
-
-    def _unwait(self, name: str) -> None:
-        waiting = self._waiting.pop(name, None)
-        if waiting is not None:
-            self._waiting_bytes -= waiting[2]
-
-    def _dirty_long(self, entry: CacheEntry) -> bool:
-        """The file has been dirty for ``backlog_age`` already (it keeps changing): not
-        held back again."""
-        since = (entry.meta or {}).get("since")
-        return since is not None and time.time() - since >= self.backlog_age
-
-    def _over_bounds(self) -> bool:
-        """The backlog passes a bound: waiting files go without waiting out their delay."""
-        return len(self._pending) + len(self._waiting) >= self.backlog_files \
-            or self._waiting_bytes >= self.backlog_bytes
-
-    def _release(self, now: float) -> float:
-        """Move the files whose write-back delay is over — every waiting one when the
-        backlog passes a bound — to the upload queue; returns when the next wait ends (inf:
-        none waits)."""
-        over = self._over_bounds()
-        while self._waiting:
-            name = next(iter(self._waiting))
-            due, entry, _ = self._waiting[name]
-            if due > now and not over:
-                return due
-            self._unwait(name)
-            self._pending[name] = entry
-        return math.inf
-
-    def hurry(self, entry: CacheEntry) -> None:
-        """Something needs the file in S3 soon (an fsync that does not upload itself, as
-        with ``fsync=journal``): queued without the write-back delay — also at its next
-        close, unless it is written again before."""
-        self._hurried[os.path.basename(entry.path)] = entry.gen
-        self.schedule(entry, wait=False)
-
-    def _upload_failed(self, entry: CacheEntry, reason: str) -> None:
-        self._failures[os.path.basename(entry.path)] = reason
-        self.schedule(entry, failed=True)
+        self.written.unqueue(entry)
 
     async def upload(self, entry: CacheEntry) -> bool:
         """Upload a dirty entry as its object, conditional on the version it is based on:
@@ -260,17 +142,14 @@ class Uploads:
                 return False
             gen = entry.gen
             ctype = mimetypes.guess_type(key)[0] or "application/octet-stream"
-            name = os.path.basename(entry.path)
-            self._uploading.add(name)
             started = time.time()
             # a file of a directory being published (publish.py): its batch in its metadata
             metadata = {BATCH_FIELD: meta["batch"]} if meta.get("batch") else None
             try:
-                info = await self._send(entry, size, tags, ctype, base, metadata)
+                with self.written.sending(entry):
+                    info = await self._send(entry, size, tags, ctype, base, metadata)
             except StoreError as exc:
                 await self._upload_error(entry, exc, "uploading", bucket, key)
-            finally:
-                self._uploading.discard(name)
             self.count += 1
             self.unschedule(entry)
             self._own_tags[(bucket, key)] = (info["etag"], tags)
@@ -281,10 +160,10 @@ class Uploads:
                    "etag": info["etag"]}
             still_dirty = entry.gen != gen or not entry.dirty
             if not still_dirty:
-                self.dirty.uploaded(entry, info["etag"])
+                self.written.uploaded(entry, info["etag"])
             else:
-                self.dirty.rebased(entry, info["etag"], size, batch=False)
-                self.schedule(entry)
+                self.written.rebased(entry, info["etag"], size, batch=False)
+                self.written.queue(entry)
             self.properties.clear()
             self.tree.local_put(bucket, key, obj, tags, keep_local=still_dirty, quiet=vs,
                                 since=started)
@@ -299,7 +178,7 @@ class Uploads:
         if isinstance(exc, Changed):
             await self.conflict(entry, str(exc))
             raise FsError(errno.EIO, str(exc), logged=True) from exc
-        self._upload_failed(entry, str(exc))
+        self.written.upload_failed(entry, str(exc))
         raise store_failure(exc, what, bucket, key) from exc
 
     async def _send(self, entry: CacheEntry, size: int, tags: dict, ctype: str,
@@ -311,30 +190,31 @@ class Uploads:
         ``metadata`` (a published one) always goes whole."""
         source, part = entry.source, self.store.part_size
         if source is not None and size >= part and metadata is None:
-            parts = rebuild.plan(size, entry.source_len, self.dirty.changed(entry),
+            parts = rebuild.plan(size, entry.source_len, self.written.changed(entry),
                                  upload_part=part)
             if any(p.copy for p in parts):
-                name, gen = os.path.basename(entry.path), entry.gen
-                prior = self._unanswered.pop(name, None)
-                if prior is not None and prior[0] == gen:
+                prior = self.written.take_unanswered(entry)
+                if prior is not None:
                     # the last try's completion went unanswered: S3 may have the object
                     # already, and then its source (the base) is gone
                     try:
                         info = await self.store.head(entry.bucket, entry.key)
                     except StoreError:
                         info = None
-                    if info is not None and (info["etag"], info["size"]) == (prior[1], size):
+                    if info is not None and (info["etag"], info["size"]) == (prior, size):
                         log.info("uploaded %s/%s: the last try had completed it", entry.bucket,
                                  entry.key)
-                        return {"etag": prior[1], "size": size, "mtime": None}
+                        return {"etag": prior, "size": size, "mtime": None}
+                gen = entry.gen
 
                 def unanswered(etag: str) -> None:
-                    self._unanswered[name] = (gen, etag)
+                    if entry.gen == gen:
+                        self.written.unanswered(entry, etag)
                 etag = await rebuild.rebuild(self.store, self.cache, entry, parts, source,
                                              tags=tags, content_type=ctype, base=base,
                                              unanswered=unanswered)
                 return {"etag": etag, "size": size, "mtime": None}
-        if self.dirty.sparse(entry):
+        if self.written.sparse(entry):
             await self.cache.ensure(self.store, entry, 0, size)
         st = self._streams.pop(os.path.basename(entry.path), None)
         if st is not None and metadata is not None:
@@ -365,7 +245,7 @@ class Uploads:
         bucket, key = entry.bucket, entry.key
         if entry.source is not None:
             # a sparse file: what it lacks comes from a version that is likely gone now
-            if self.dirty.sparse(entry):
+            if self.written.sparse(entry):
                 try:
                     await self.cache.ensure(self.store, entry, 0, entry.size)
                 except StoreError as exc:
@@ -376,7 +256,7 @@ class Uploads:
                 reason += (f"; {sum(e - s for s, e in lost)} bytes in {len(lost)} ranges it did "
                            "not change could not be fetched from the version it was based on "
                            f"(first: {lost[0][0]}-{lost[0][1] - 1}): they read as zeros in the copy")
-            self.dirty.unsource(entry)
+            self.written.unsource(entry)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         new_key, n = f"{key}.conflict-{stamp}", 1
         while self.cache.get(bucket, new_key) is not None:
@@ -384,11 +264,11 @@ class Uploads:
             new_key = f"{key}.conflict-{stamp}-{n}"
         view = entry.meta.get("view")
         self.unschedule(entry)
-        self.dirty.rekey(entry, bucket, new_key)
-        self.dirty.update_record(entry, conflict={"key": key, "at": stamp, "reason": reason},
+        self.written.rekey(entry, bucket, new_key)
+        self.written.update_record(entry, conflict={"key": key, "at": stamp, "reason": reason},
                                  base="")
         try:
-            self.dirty.journal(entry)
+            self.written.journal(entry)
         except StoreError as exc:
             log.warning("journal of conflict copy %s/%s: %s", bucket, new_key, exc)
         vs = self.catalog.get(view)
@@ -439,22 +319,22 @@ class Uploads:
         Raises FsError."""
         if entry.source is None:
             return
-        if self.dirty.sparse(entry):
+        if self.written.sparse(entry):
             try:
                 await self.cache.ensure(self.store, entry, 0, entry.size)
             except StoreError as exc:
                 raise store_failure(exc, what, entry.source[0], entry.source[1]) from exc
         if entry.dirty:
-            self.dirty.unsource(entry)
+            self.written.unsource(entry)
 
     async def run_uploads(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Background: upload dirty files nobody writes to any more (eager closes, a flush
         that failed, journal recovery), ``upload_concurrency`` at a time (fewer while the
-        mount is busy: ``_upload_limit``), in the order they were queued; failures are
+        mount is busy: ``WrittenFiles.upload_limit``), in the order they were queued; failures are
         retried with backoff (1 s doubling up to 60 s). Runs the DELETE batches beside it."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.deletes.run)
-            await nursery.start(self.dirty.run_removals)
+            await nursery.start(self.written.run_removals)
             self._bg = nursery
             task_status.started()
             started: set[str] = set()
@@ -463,30 +343,25 @@ class Uploads:
                 try:
                     await self.upload(entry)
                 except FsError:
-                    pass  # logged, and scheduled again (or kept as a conflict copy)
+                    pass  # logged, and queued again (or kept as a conflict copy)
                 except Exception:  # noqa: BLE001 — never let the uploader die
                     log.exception("uploading %s/%s", entry.bucket, entry.key)
-                    self._upload_failed(entry, "internal error (see the log)")
+                    self.written.upload_failed(entry, "internal error (see the log)")
                 finally:
                     started.discard(name)
-                    self._kick.set()
+                    self.written.kick()
 
             while True:
-                kick = self._kick = trio.Event()
                 now = trio.current_time()
-                next_at = self._release(now)  # those whose write-back delay is over
-                limit = self._upload_limit(now)
+                next_at = self.written.release_waiting(now)  # their write-back delay is over
+                limit = self.written.upload_limit(now)
                 if limit < self.upload_concurrency:  # busy: look again once the mount is
                     # idle, and at the bounds now and then meanwhile
-                    next_at = min(next_at, self._last_request + self.upload_idle,
-                                  now + self.backlog_check_every)
-                for name, entry in list(self._pending.items()) if len(started) < limit else ():
-                    if not entry.dirty or entry.meta is None or entry.writers:
-                        self._pending.pop(name, None)  # clean, gone, or its last close uploads
-                        continue
+                    next_at = min(next_at, self.written.idle_at(),
+                                  now + self.written.backlog_check_every)
+                for name, entry, at in self.written.ready(now) if len(started) < limit else ():
                     if name in started:
                         continue
-                    at, _ = self._retry.get(name, (now, 0.0))
                     if at > now:
                         next_at = min(next_at, at)
                         continue
@@ -494,30 +369,7 @@ class Uploads:
                     nursery.start_soon(one, name, entry)
                     if len(started) >= limit:
                         break
-                # holding back, the loop looks again by itself: the closes meanwhile need not
-                # wake it (but for the file bound), nor sum the backlog's bytes each time
-                self._holding_back = limit == 0
-                self._wake_at = next_at
-                with trio.move_on_at(next_at):
-                    await kick.wait()
-                self._holding_back = False
-                self._wake_at = math.inf  # (awake: a kick costs nothing)
-
-    def request_seen(self) -> None:
-        """A create/write/close came (cheap: called for every write)."""
-        self._last_request = trio.current_time()
-
-    def _upload_limit(self, now: float) -> int:
-        """How many background uploads may run now."""
-        if now - self._last_request >= self.upload_idle or len(self._pending) >= self.backlog_files:
-            return self.upload_concurrency
-        oldest = next(iter(self._pending.values()), None)
-        if oldest is not None and oldest.meta is not None \
-                and time.time() - oldest.meta.get("since", time.time()) >= self.backlog_age:
-            return self.upload_concurrency
-        if sum(e.size for e in self._pending.values()) >= self.backlog_bytes:
-            return self.upload_concurrency
-        return min(self.upload_busy, self.upload_concurrency)  # 0: none until idle
+                await self.written.wait_for_work(next_at, holding_back=limit == 0)
 
     # ------------------------------------------------------- sync and status
 
@@ -529,29 +381,14 @@ class Uploads:
         return vs is not None and not self.catalog.can_match(vs, entry.key, entry.size,
                                                              final_tags(entry, vs, None))
 
-    def upload_state(self, entry: CacheEntry) -> tuple[str, str | None]:
-        """(state, reason) of a dirty entry: waiting (the write-back delay), pending,
-        uploading, failed or conflict."""
-        name = os.path.basename(entry.path)
-        conflict = (entry.meta or {}).get("conflict")
-        if conflict:
-            return "conflict", f"S3 has another version of {conflict.get('key')}: {conflict.get('reason')}"
-        if name in self._uploading:
-            return "uploading", None
-        if name in self._failures:
-            return "failed", self._failures[name]
-        if name in self._waiting:
-            return "waiting", None
-        return "pending", None
-
     def upload_report(self) -> list[dict]:
         """One entry per dirty file that is to be uploaded (scratch files excepted) and per
         queued DELETE: ``{"path", "state", "error", "size", "since"}`` (``delvefs status``)."""
         out = []
-        for entry in self.dirty.entries():
+        for entry in self.written.entries():
             if entry.meta is None or (not entry.meta.get("conflict") and self._scratch(entry)):
                 continue
-            state, error = self.upload_state(entry)
+            state, error = self.written.upload_state(entry)
             out.append({"path": self._entry_path(entry), "state": state, "error": error,
                         "size": entry.size, "since": entry.meta.get("since") or time.time()})
         for (bucket, key), d in self.deletes.each():
@@ -576,18 +413,18 @@ class Uploads:
                     if not (entry.meta or {}).get("conflict"):
                         failures.append(f"{self._entry_path(entry)}: {exc}")
         async with trio.open_nursery() as nursery:
-            for entry in self.dirty.entries():
+            for entry in self.written.entries():
                 if entry.writers == 0 and entry.meta is not None and not entry.meta.get("conflict"):
                     nursery.start_soon(one, entry)
             if self.deletes:
                 nursery.start_soon(self.deletes.send_all)
         for (bucket, key), d in self.deletes.each():
             failures.append(f"{bucket}/{key}: DELETE failed: {d['error']}")
-        for entry in self.dirty.entries():
-            state, reason = self.upload_state(entry)
+        for entry in self.written.entries():
+            state, reason = self.written.upload_state(entry)
             if state == "conflict":
                 failures.append(f"{self._entry_path(entry)}: conflict copy (not uploaded): {reason}")
-        await trio.to_thread.run_sync(self.dirty.settle_removals)  # the journal settled too
+        await trio.to_thread.run_sync(self.written.settle_removals)  # the journal settled too
         return failures
 
     # ------------------------------------------------------- mount and unmount
@@ -595,7 +432,7 @@ class Uploads:
     def recover(self) -> None:
         """Dirty files journaled by an earlier mount of this cache dir: shown again in
         their views and uploaded (conditionally) by the background uploader."""
-        for entry in self.dirty.restore():
+        for entry in self.written.restore():
             vs = self.catalog.get(entry.meta.get("view"))
             if vs is not None and entry.bucket == vs.bucket:
                 self.tree.show_dirty(vs, entry, notify=False)
@@ -603,11 +440,11 @@ class Uploads:
                 log.info("conflict copy %s/%s kept from an earlier mount", entry.bucket, entry.key)
                 continue
             log.info("recovered dirty file %s/%s from the journal: uploading", entry.bucket, entry.key)
-            self.schedule(entry, wait=False)
+            self.written.queue(entry, wait=False)
 
     def scratch_files(self) -> list[str]:
         """Mount paths (VIEW/relative path) of dirty files whose names cannot match."""
-        return sorted(self._entry_path(e) for e in self.dirty.entries()
+        return sorted(self._entry_path(e) for e in self.written.entries()
                       if not e.meta.get("conflict") and self._scratch(e))
 
     async def shutdown(self) -> tuple[list[str], list[str]]:
@@ -626,18 +463,18 @@ class Uploads:
                     if not (entry.meta or {}).get("conflict"):
                         failed.append(f"{entry.bucket}/{entry.key}: {exc}")
         async with trio.open_nursery() as nursery:
-            for entry in self.dirty.entries():
+            for entry in self.written.entries():
                 nursery.start_soon(one, entry)
         if self.deletes:
             for (bucket, key), reason in (await self.deletes.send_all()).items():
                 failed.append(f"{bucket}/{key}: DELETE failed: {reason}")
-        await trio.to_thread.run_sync(self.dirty.settle_removals)
+        await trio.to_thread.run_sync(self.written.settle_removals)
         return failed, sorted(scratch)
 
     def conflict_copies(self) -> list[str]:
         """Lines for the unmount report: each conflict copy left in the cache directory."""
         out = []
-        for entry in self.dirty.entries():
+        for entry in self.written.entries():
             c = (entry.meta or {}).get("conflict")
             if c:
                 out.append(f"{self._entry_path(entry)} (S3 kept another writer's version of "

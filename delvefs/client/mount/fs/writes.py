@@ -1,7 +1,7 @@
 """The write path's foreground: create, write, flush, fsync, truncate of dirty files.
 
 A file opened for writing is a dirty cache entry: a local file of its own, journaled
-before its first byte (``delvefs.client.mount.fs.dirty``) with the version it is based on (the
+before its first byte (``delvefs.client.mount.fs.written``) with the version it is based on (the
 ETag it was opened from, "" for a new file). Strict mode (the default): the last writing
 handle's ``flush`` (close(2) returns its error), ``fsync`` and a truncate(2) without an
 open handle upload the whole object (``delvefs.client.mount.fs.uploads``); a release that leaves
@@ -9,7 +9,7 @@ it dirty hands it to the background uploads. Eager mode (``eager``): ``flush`` r
 once the file's journal record is written (not fsync'd: a killed mount loses nothing, a
 machine crash may lose the last closes); ``fsync`` waits for the file's upload — or, with
 ``fsync=journal``, only until the file and its record are durable on the local disk
-(``DirtyFiles.make_durable``); the upload follows the last close in the background.
+(``WrittenFiles.make_durable``); the upload follows the last close in the background.
 
 Writes are not locked: a write during an upload bumps the entry's ``gen``, so the entry
 stays dirty and is uploaded again (the uploads' rules: ``delvefs.client.mount.fs.uploads``).
@@ -47,7 +47,7 @@ COPY_PIECE = 0xFFFFFFFF & ~0xFFF
 class Writes:
     """create, write, flush, fsync and truncate of dirty files."""
 
-    def __init__(self, shape: Shape, handles: Handles, listings: Listings, uploads: Uploads, dirty,
+    def __init__(self, shape: Shape, handles: Handles, listings: Listings, uploads: Uploads, written,
                  cache, store, settings):
         self.table: InodeTable = shape.table
         self.catalog = shape.catalog
@@ -56,7 +56,7 @@ class Writes:
         self.layout: PropertyLayout = shape.layout
         self.listings = listings
         self.uploads = uploads
-        self.dirty = dirty
+        self.written = written
         self.cache = cache
         self.store = store
         self.eager = settings.eager
@@ -67,7 +67,7 @@ class Writes:
     async def _make_writable(self, node: File, *, truncate: bool) -> CacheEntry:
         """The dirty local copy of ``node``: nothing is downloaded — an existing object
         opened without truncating is a sparse file based on the listed version, whose
-        missing bytes are fetched when read or uploaded (``delvefs.client.mount.fs.dirty``).
+        missing bytes are fetched when read or uploaded (``delvefs.client.mount.fs.written``).
         A move or removal of the file under way ends first (``Tree.moving``)."""
         while (moved := self.tree.move_of(node)) is not None:
             await moved.wait()
@@ -87,7 +87,7 @@ class Writes:
             if node.gone:
                 raise looked_up_again(node)
         try:
-            entry = self.dirty.take(bucket, key, view=vs.name, base=base or "",
+            entry = self.written.take(bucket, key, view=vs.name, base=base or "",
                                     truncate=truncate, size=size)
         except StoreError as exc:
             raise store_failure(exc, "writing", bucket, key) from exc
@@ -103,7 +103,7 @@ class Writes:
             return
         writers = [h for h in self.handles.files.values() if h.writer and h.entry is entry]
         if writers and all(h.node.gone for h in writers):
-            self.dirty.orphan(entry)
+            self.written.orphan(entry)
 
     def _writer(self, node: File, entry: CacheEntry, what: str) -> int:
         """A handle writing to ``node`` through its dirty ``entry``."""
@@ -112,7 +112,7 @@ class Writes:
         except OSError as exc:
             raise cache_failure(exc, what, entry) from exc
         h = WriteHandle(node, fd, entry)
-        self.dirty.add_writer(entry)
+        self.written.add_writer(entry)
         return self.handles.add_file(h)
 
     async def open_writer(self, node: File, *, truncate: bool, removed_first: bool = True) -> int:
@@ -146,14 +146,14 @@ class Writes:
         except StoreError as exc:
             raise store_failure(exc, "opening", vs.bucket, node.key) from exc
         h = WriteHandle(node, fd, entry)
-        self.dirty.add_writer(entry)
+        self.written.add_writer(entry)
         self.tree.shown_as(node, size=0, mtime_ns=time.time_ns())
         return self.handles.add_file(h)
 
     async def create(self, parent_ino: int, name: str, flags: int) -> tuple[int, File]:
         """Create (or, without O_EXCL, open for writing) the file ``name``: a handle and
         the node (its lookup count + 1)."""
-        self.uploads.request_seen()
+        self.written.request_seen()
         parent, vs = writable_dir(self.table, parent_ino)
         key = key_for(parent, vs, name)
         await self.listings.fresh(vs)
@@ -179,15 +179,15 @@ class Writes:
         implied = self.layout.implied_tags(parent, key)  # layout by properties: tags from its directories
         self._orphan_others(vs.bucket, key)
         try:
-            entry = self.dirty.take(vs.bucket, key, view=vs.name, base="", truncate=True)
+            entry = self.written.take(vs.bucket, key, view=vs.name, base="", truncate=True)
             if implied is not None:
-                self.dirty.update_record(entry, **implied)
+                self.written.update_record(entry, **implied)
         except StoreError as exc:
             raise store_failure(exc, "creating", vs.bucket, key) from exc
         node = self.tree.put(vs, {"key": key, "size": 0, "mtime": time.time(), "etag": ""},
                          notify=False, remote=False)
         if node is None or node.is_dir:  # cannot happen: the name was checked
-            self.dirty.discard(entry)
+            self.written.discard(entry)
             raise FsError(errno.EINVAL, f"{key}: cannot be created")
         self.tree.dirtied(vs, node, entry)
         fh = self._writer(node, entry, "creating")
@@ -195,7 +195,7 @@ class Writes:
         return fh, node
 
     async def write(self, fh: int, off: int, data: bytes) -> int:
-        self.uploads.request_seen()
+        self.written.request_seen()
         h = self.handles.files.get(fh)
         if h is None or not h.writer:
             raise FsError(errno.EBADF)
@@ -205,9 +205,9 @@ class Writes:
         try:
             if not entry.dirty:  # uploaded by an fsync/flush, written again through this handle
                 vs = node.parent.view
-                self.dirty.redirty(entry, vs.name)
+                self.written.redirty(entry, vs.name)
                 self.tree.dirtied(vs, node, entry)
-            self.dirty.journal(entry)
+            self.written.journal(entry)
         except StoreError as exc:
             raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
         try:
@@ -216,7 +216,7 @@ class Writes:
             raise cache_failure(exc, "writing", entry) from exc
         grew = off + n > entry.size
         try:
-            self.dirty.written(entry, off, off + n)
+            self.written.written(entry, off, off + n)
         except StoreError as exc:
             raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
         self.tree.shown_as(node, size=entry.size, mtime_ns=time.time_ns())
@@ -239,10 +239,10 @@ class Writes:
         try:
             if not entry.dirty:
                 vs = node.parent.view
-                self.dirty.redirty(entry, vs.name)
+                self.written.redirty(entry, vs.name)
                 self.tree.dirtied(vs, node, entry)
-            self.dirty.journal(entry)
-            self.dirty.written(entry, 0, size)
+            self.written.journal(entry)
+            self.written.written(entry, 0, size)
         except StoreError as exc:
             raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
         self.tree.shown_as(node, size=entry.size)
@@ -309,19 +309,19 @@ class Writes:
                 raise FsError(errno.EOPNOTSUPP, "written meanwhile")
             info = await self.uploads.copy_into(out, vs_in.bucket, src.key, tags)
             self.uploads.unschedule(out)
-            self.dirty.discard(out)  # its empty local file is void
+            self.written.discard(out)  # its empty local file is void
             try:  # the descriptor writes the copied object now: nothing of it is local yet
-                entry = self.dirty.take(out.bucket, out.key, view=vs_out.name,
+                entry = self.written.take(out.bucket, out.key, view=vs_out.name,
                                         base=info["etag"], truncate=False, size=info["size"])
-                self.dirty.uploaded(entry, info["etag"])
+                self.written.uploaded(entry, info["etag"])
                 fd = os.open(entry.path, os.O_RDWR)
             except (StoreError, OSError) as exc:
                 raise FsError(errno.EIO, f"{out.bucket}/{out.key}: copied, but its cache "
                               f"file: {exc}") from exc
             os.close(h_out.fd)
-            self.dirty.drop_writer(out)
+            self.written.drop_writer(out)
             self.cache.release(out)
-            self.dirty.add_writer(entry)
+            self.written.add_writer(entry)
             h_out.fd, h_out.entry = fd, entry
             h_out.copied = (fh_in, info["etag"], src.etag)
         log.info("copied %s/%s to %s/%s server-side: %d bytes", vs_in.bucket, src.key,
@@ -345,7 +345,7 @@ class Writes:
         return n
 
     def _orphan_size(self, h: FileHandle, size: int) -> None:
-        self.dirty.orphan_resized(h.entry, size)
+        self.written.orphan_resized(h.entry, size)
         if h.node.gone:
             self.tree.shown_as(h.node, size=size, mtime_ns=time.time_ns())
 
@@ -362,7 +362,7 @@ class Writes:
     async def flush(self, fh: int) -> None:
         """close(2) of a descriptor: the last writing handle uploads (errors returned); in
         eager mode it only makes the file safe in the journal and queues the upload."""
-        self.uploads.request_seen()
+        self.written.request_seen()
         h = self.handles.files.get(fh)
         if h is None or not h.writer:
             return
@@ -370,15 +370,15 @@ class Writes:
         if entry.writers <= 1 and self._live(h):
             if self.eager:
                 self._persist(entry)
-                self.uploads.schedule(entry)
+                self.written.queue(entry)
             else:
                 await self.uploads.upload(entry)
 
     def _persist(self, entry: CacheEntry) -> None:
         """Eager close: the record on disk (written on the loop when it is not there yet; not
-        fsync'd, see ``DirtyFiles.persist``) before close returns."""
+        fsync'd, see ``WrittenFiles.persist``) before close returns."""
         try:
-            self.dirty.persist(entry)
+            self.written.persist(entry)
         except StoreError as exc:
             raise store_failure(exc, "journaling", entry.bucket, entry.key) from exc
 
@@ -390,10 +390,7 @@ class Writes:
             return
         h, entry = closed
         if entry is not None:
-            self.dirty.drop_writer(entry)
-            if entry.dirty and entry.writers == 0 and not h.node.gone:
-                self.uploads.schedule(entry)
-            self.cache.release(entry)
+            self.written.release_writer(entry, named=not h.node.gone)
 
     async def fsync(self, fh: int) -> None:
         """fsync(2) and fdatasync(2) alike: the file uploaded (its error returned); with
@@ -407,11 +404,11 @@ class Writes:
         if self.fsync_local:
             entry = h.entry
             try:
-                await self.dirty.make_durable(entry)
+                await self.written.make_durable(entry)
             except StoreError as exc:
                 raise store_failure(exc, "fsync", entry.bucket, entry.key) from exc
             if self._live(h):  # (not uploaded or removed meanwhile)
-                self.uploads.hurry(entry)  # no write-back delay after an fsync
+                self.written.hurry(entry)  # no write-back delay after an fsync
             return
         if not await self.uploads.upload(h.entry):
             log.info("fsync of scratch file %s/%s: kept local (its name cannot match view %s)",
@@ -448,13 +445,13 @@ class Writes:
             entry = h.entry
             if not entry.dirty:
                 try:
-                    self.dirty.redirty(entry, vs.name)
+                    self.written.redirty(entry, vs.name)
                 except StoreError as exc:
                     raise store_failure(exc, "truncating", entry.bucket, entry.key) from exc
         else:
             entry = await self._make_writable(node, truncate=size == 0)
         try:
-            self.dirty.truncate(entry, size)
+            self.written.truncate(entry, size)
         except StoreError as exc:
             raise store_failure(exc, "truncating", entry.bucket, entry.key) from exc
         self.uploads.truncated(entry, size)
@@ -463,7 +460,7 @@ class Writes:
         if entry.writers == 0:
             if self.eager:
                 self._persist(entry)
-                self.uploads.schedule(entry)
+                self.written.queue(entry)
             else:
                 await self.uploads.upload(entry)
         return node

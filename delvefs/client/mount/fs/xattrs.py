@@ -20,7 +20,7 @@ from ..errors import FsError
 from .catalog import ViewState, stale_text
 from .inodes import File, InodeTable
 from .properties import Properties
-from .uploads import Uploads
+from .written import WrittenFiles
 from .listings import Listings
 
 
@@ -31,11 +31,11 @@ class Xattrs:
     VIEW_ATTRIBUTES = ["user.delvefs.view", "user.delvefs.stale"]
 
     def __init__(self, table: InodeTable, listings: Listings, properties: Properties,
-                 uploads: Uploads, cache, handler):
+                 written: WrittenFiles, cache, handler):
         self.table = table
         self.listings = listings
         self.properties = properties
-        self.uploads = uploads
+        self.written = written
         self.cache = cache
         self.handler = handler  # the handler client: which shard and URL serve a view
 
@@ -44,7 +44,7 @@ class Xattrs:
         entry = self.cache.get(node.parent.view.bucket, node.key)
         if entry is None or not entry.dirty or entry.meta is None:
             return None
-        state, reason = self.uploads.upload_state(entry)
+        state, reason = self.written.upload_state(entry)
         return f"{state}: {reason}" if reason else state
 
     def view_info(self, vs: ViewState) -> dict:

@@ -1,4 +1,9 @@
-"""Dirty files: the write side's state of cache entries, changed here and nowhere else.
+"""Written files: everything about a file being written, owned here and changed nowhere else —
+its cache entry's write side, its journal record and ranges log, its writers, and its place
+in the upload queue (waiting out the write-back delay, queued, being sent, failed and when
+it is tried again). The upload itself (the requests to S3, the entry locks, the parts sent
+while a file is written, conflict copies) is ``delvefs.client.mount.fs.uploads``, which
+changes this state only through the methods here.
 
 A file opened for writing is a *dirty* cache entry: a local file of its own
 (``data/w-<id>``, independent of the key, so renames only re-key it and no download can
@@ -9,8 +14,8 @@ existing, tags, untag, since, and ``conflict`` for a conflict copy). It is writt
 tmp + rename before the first byte that differs from S3 is accepted (a write, a truncate)
 and when the upload is left to the background (``persist``: an eager close; not fsync'd),
 and removed when the upload succeeded: a mount that was SIGKILLed loses nothing it had
-accepted (a kernel or machine crash may lose the last ones); the next mount of its cache directory takes the records over
-(``restore``). Records of older versions have no ``base``: their upload checks with a HEAD.
+accepted (a kernel or machine crash may lose the last ones); the next mount of its cache
+directory takes the records over (``restore``). Records of older versions have no ``base``: their upload checks with a HEAD.
 ``make_durable`` (an fsync(2) of an eager mount with ``fsync=journal``) makes one entry
 survive a kernel crash or power loss too: its data file, ranges log and record fsync'd
 with the directory entries of all three.
@@ -30,6 +35,21 @@ again through a handle still open after an upload), ``update_record`` (tags set 
 dirty, a rename's view), ``rekey`` (a rename), ``unsource`` (no longer based on the
 source's bytes), ``discard`` (unlinked or replaced: gone).
 
+Write-back delay (eager mode, ``settings.write_back`` seconds, as rclone's
+``--vfs-write-back`` or the kernel's dirty_expire): a closed file *waits* until it was left
+unchanged that long — a close of a writer, a truncate or a rename starts its wait again —
+before the uploader may pick it, so a file removed within the delay (a workflow engine's
+marker files) costs no request at all: never uploaded, and no DELETE of a key S3 never had.
+The waiting files are kept in the order of their last change (``_waiting``): the uploader
+(``delvefs.client.mount.fs.uploads``) moves those whose delay is over to the queue
+(``release_waiting``) and sleeps until the next one's ends (``wait_for_work``: a timer,
+``trio.move_on_at``). Sooner: ``Uploads.sync_all``, fsync and ``Uploads.shutdown`` upload
+whatever waits (an fsync that only makes the file durable locally, ``hurry``, ends its
+wait); a directory rename (a publish) uploads its files; past a backlog bound
+(``backlog_files`` files queued or waiting, ``backlog_bytes`` waiting) every waiting file
+goes at once; and a file dirty for ``backlog_age`` already is not held again when it is
+closed (a file rewritten every second still reaches S3).
+
 Sparse dirty files. An existing object opened for writing (without O_TRUNC) is not
 downloaded: the entry's file is a sparse file of the object's size, ``present`` holds
 what the clean entry had cached, ``source`` = (bucket, key, ETag) of the base version and
@@ -48,101 +68,65 @@ it is dropped.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
-import struct
 import time
 
 import trio
 
 from ..cache.cacheentry import CacheEntry
 from ..cache.datacache import DataCache
-from ..errors import cache_file_error
+from ..errors import StoreError, cache_file_error
 from ..cache.journal import sync_path
 from ..cache.ranges import RangeSet
+from ..cache.rangeslog import RangesLog
 
 log = logging.getLogger(__name__)
 
-_RECORD = struct.Struct("<qq")  # one changed range of a ranges log: start, end
+class WrittenFiles:
+    """The write side's state of every written file (see the module's docstring)."""
 
+    # Background uploads give way to the mount's requests (they compete for the loop and the
+    # CPU; measured: even 1-2 uploads beside an untar cost as much as 16, and uploads that
+    # began mid-untar once 1,024 files waited tripled its time on one CPU): all of
+    # ``upload_concurrency`` run once no request came for ``upload_idle`` seconds or the
+    # backlog passes a bound (bytes and age, as the kernel's dirty_background_bytes and
+    # dirty_expire; the file count only bounds the journal a restart reads), else
+    # ``upload_busy`` at a time. sync, fsync and unmount upload at once, whatever this says.
+    upload_idle = 0.075
+    upload_busy = 0
+    backlog_files = 10_000
+    backlog_bytes = 256 << 20
+    backlog_age = 10.0
+    backlog_check_every = 0.1  # seconds: how often a held-back uploader looks at the bounds
+    # (the write-back delay itself is a setting, ``write_back``: eager mounts only)
 
-class RangesLog:
-    """The changed ranges of one sparse dirty entry, in memory and (once ``open``) in its
-    append-only log file."""
-
-    __slots__ = ("path", "changed", "fd", "_last")
-
-    def __init__(self, path: str, changed: RangeSet | None = None):
-        self.path = path
-        self.changed = changed if changed is not None else RangeSet()
-        self.fd: int | None = None
-        self._last: tuple[int, int, int] | None = None  # (file offset, start, end) of the last record
-
-    def open(self) -> None:
-        """Create the log file with the ranges known so far. Raises OSError."""
-        if self.fd is not None:
-            return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            data = b"".join(_RECORD.pack(s, e) for s, e in self.changed)
-            if data:
-                os.pwrite(fd, data, 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
-        self._last = None
-        if self.changed:
-            s, e = list(self.changed)[-1]
-            self._last = (len(data) - _RECORD.size, s, e)
-
-    def add(self, start: int, end: int) -> None:
-        """Bytes [start, end) were written. Raises OSError (the log file)."""
-        if self.changed.covers(start, end):
-            return
-        self.changed.add(start, end)
-        if self.fd is None:
-            return
-        last = self._last
-        if last is not None and last[1] <= start <= last[2]:  # continues the last record
-            at, start, end = last[0], last[1], max(end, last[2])
-        else:
-            at = os.fstat(self.fd).st_size if last is None else last[0] + _RECORD.size
-        if os.pwrite(self.fd, _RECORD.pack(start, end), at) != _RECORD.size:
-            raise OSError(28, "short write to the ranges log")
-        self._last = (at, start, end)
-
-    def close(self, remove: bool) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        if remove:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-
-    @staticmethod
-    def read(path: str) -> RangeSet | None:
-        """The ranges a log holds (a torn last record ignored); None when there is none."""
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        changed = RangeSet()
-        for i in range(0, len(data) - _RECORD.size + 1, _RECORD.size):
-            s, e = _RECORD.unpack_from(data, i)
-            if 0 <= s < e:
-                changed.add(s, e)
-        return changed
-
-
-class DirtyFiles:
-    def __init__(self, cache: DataCache):
+    def __init__(self, cache: DataCache, settings):
         self.cache = cache
         self._records = cache.journal  # the records of dirty files: this part writes them
         self.logs: dict[str, RangesLog] = {}  # file name -> ranges log of a sparse entry
+        # the upload queue (eager closes, failed uploads, recovered records; see ``queue``)
+        self.upload_concurrency = max(1, settings.upload_concurrency)
+        self.write_back = max(0.0, settings.write_back) if settings.eager else 0.0
+        self.retry_initial = settings.retry_initial
+        self.retry_max = settings.retry_max
+        self._pending: dict[str, CacheEntry] = {}  # file -> entry the uploader picks (or retries)
+        # closed files waiting out the write-back delay, in the order of their last change:
+        # file -> (when the wait ends, on the trio clock; the entry; its size then)
+        self._waiting: dict[str, tuple[float, CacheEntry, int]] = {}
+        self._waiting_bytes = 0
+        self._hurried: dict[str, int] = {}  # file -> its gen when an fsync asked for it
+        self._retry: dict[str, tuple[float, float]] = {}  # file -> (next attempt, delay)
+        self._failures: dict[str, str] = {}  # file -> why its last upload failed
+        self._uploading: set[str] = set()    # files whose upload request runs now
+        # file -> (gen, ETag) of a rebuild whose completion went unanswered
+        self._unanswered: dict[str, tuple[int, str]] = {}
+        self._kick = trio.Event()  # set: the uploader looks at the queue again
+        self._wake_at = math.inf   # when the uploader looks again by itself (no kick needed before)
+        self._holding_back = False  # the uploader waits for the mount to be idle
+        self._last_request = -math.inf
 
     def _log(self, entry: CacheEntry) -> RangesLog | None:
         return self.logs.get(os.path.basename(entry.path))
@@ -289,8 +273,17 @@ class DirtyFiles:
         entry.writers += 1
 
     def drop_writer(self, entry: CacheEntry) -> None:
-        """A writing handle was released (its ``cache.release`` follows)."""
+        """A writing handle gave its entry up for another (its ``cache.release`` follows)."""
         entry.writers -= 1
+
+    def release_writer(self, entry: CacheEntry, *, named: bool) -> None:
+        """A writing handle closed (after its flush): one writer less; a file still dirty
+        when its last writer is gone — its flush could not upload it — is queued (retried),
+        unless it lost its name (``named`` False: its bytes go nowhere)."""
+        entry.writers -= 1
+        if entry.dirty and entry.writers == 0 and named:
+            self.queue(entry)
+        self.cache.release(entry)
 
     def written(self, entry: CacheEntry, start: int, end: int) -> None:
         """Bytes [start, end) were written to the entry's file (journaled before). Raises
@@ -416,6 +409,176 @@ class DirtyFiles:
         """An orphaned entry (``orphan``) was written or truncated through a descriptor:
         its size (it is no longer the cache's to count)."""
         entry.size = size
+
+    # ------------------------------------------------------------ the upload queue
+
+    def queue(self, entry: CacheEntry, *, failed: bool = False, wait: bool = True) -> None:
+        """Leave a dirty file to the background uploader. ``wait``: it has just changed (a
+        close, a truncate, a rename): in eager mode it waits out the write-back delay first
+        (its wait starts again). ``failed``: its upload failed: tried again after a backoff."""
+        name = os.path.basename(entry.path)
+        if not entry.journaled:  # left to the background: must survive a crash now
+            try:
+                self.journal(entry)
+            except StoreError as exc:
+                log.warning("journal of %s/%s: %s", entry.bucket, entry.key, exc)
+        self._unwait(name)
+        if wait and not failed and self.write_back > 0 and not self._dirty_long(entry) \
+                and self._hurried.get(name) != entry.gen:
+            self._pending.pop(name, None)
+            due = trio.current_time() + self.write_back
+            self._waiting[name] = (due, entry, entry.size)  # at the end: the last changed
+            self._waiting_bytes += entry.size
+            # the uploader sleeps until the first wait ends, which is before this one's
+            if due < self._wake_at or self._over_bounds():
+                self._kick.set()
+            return
+        self._pending[name] = entry
+        if failed:
+            _, delay = self._retry.get(name, (0.0, 0.0))
+            delay = min(self.retry_max, max(self.retry_initial, delay * 2))
+            self._retry[name] = (trio.current_time() + delay, delay)
+        if not self._holding_back or len(self._pending) >= self.backlog_files:
+            self._kick.set()
+
+    def unqueue(self, entry: CacheEntry) -> None:
+        """The file is uploaded, removed, renamed or a conflict copy: out of the queue."""
+        name = os.path.basename(entry.path)
+        self._pending.pop(name, None)
+        self._unwait(name)
+        self._hurried.pop(name, None)
+        self._retry.pop(name, None)
+        self._failures.pop(name, None)
+
+    def _unwait(self, name: str) -> None:
+        waiting = self._waiting.pop(name, None)
+        if waiting is not None:
+            self._waiting_bytes -= waiting[2]
+
+    def _dirty_long(self, entry: CacheEntry) -> bool:
+        """The file has been dirty for ``backlog_age`` already (it keeps changing): not
+        held back again."""
+        since = (entry.meta or {}).get("since")
+        return since is not None and time.time() - since >= self.backlog_age
+
+    def _over_bounds(self) -> bool:
+        """The backlog passes a bound: waiting files go without waiting out their delay."""
+        return len(self._pending) + len(self._waiting) >= self.backlog_files \
+            or self._waiting_bytes >= self.backlog_bytes
+
+    def hurry(self, entry: CacheEntry) -> None:
+        """Something needs the file in S3 soon (an fsync that does not upload itself, as
+        with ``fsync=journal``): queued without the write-back delay — also at its next
+        close, unless it is written again before."""
+        self._hurried[os.path.basename(entry.path)] = entry.gen
+        self.queue(entry, wait=False)
+
+    def upload_failed(self, entry: CacheEntry, reason: str) -> None:
+        self._failures[os.path.basename(entry.path)] = reason
+        self.queue(entry, failed=True)
+
+    def request_seen(self) -> None:
+        """A create/write/close came (cheap: called for every write)."""
+        self._last_request = trio.current_time()
+
+    def ready(self, now: float):
+        """The queued files in the order they were queued, each with when it may go (its
+        retry's time; ``now`` when it may go now); clean, gone and still written ones leave
+        the queue (the last close of a written one uploads it). Lazy: the uploader stops at
+        its limit."""
+        for name, entry in list(self._pending.items()):
+            if not entry.dirty or entry.meta is None or entry.writers:
+                self._pending.pop(name, None)
+                continue
+            at, _ = self._retry.get(name, (now, 0.0))
+            yield name, entry, at
+
+    def release_waiting(self, now: float) -> float:
+        """Move the files whose write-back delay is over — every waiting one when the
+        backlog passes a bound — to the queue; returns when the next wait ends (inf: none
+        waits)."""
+        over = self._over_bounds()
+        while self._waiting:
+            name = next(iter(self._waiting))
+            due, entry, _ = self._waiting[name]
+            if due > now and not over:
+                return due
+            self._unwait(name)
+            self._pending[name] = entry
+        return math.inf
+
+    def idle_at(self) -> float:
+        """When the mount counts as idle if no request comes before (trio clock)."""
+        return self._last_request + self.upload_idle
+
+    def upload_limit(self, now: float) -> int:
+        """How many background uploads may run now."""
+        if now - self._last_request >= self.upload_idle or len(self._pending) >= self.backlog_files:
+            return self.upload_concurrency
+        oldest = next(iter(self._pending.values()), None)
+        if oldest is not None and oldest.meta is not None \
+                and time.time() - oldest.meta.get("since", time.time()) >= self.backlog_age:
+            return self.upload_concurrency
+        if sum(e.size for e in self._pending.values()) >= self.backlog_bytes:
+            return self.upload_concurrency
+        return min(self.upload_busy, self.upload_concurrency)  # 0: none until idle
+
+    async def wait_for_work(self, next_at: float, *, holding_back: bool) -> None:
+        """The uploader sleeps until a kick or ``next_at``. Holding back, it looks again by
+        itself: the closes meanwhile need not wake it (but for the file bound), nor sum the
+        backlog's bytes each time."""
+        self._holding_back = holding_back
+        self._wake_at = next_at
+        with trio.move_on_at(next_at):
+            await self._kick.wait()
+        self._kick = trio.Event()
+        self._holding_back = False
+        self._wake_at = math.inf  # (awake: a kick costs nothing)
+
+    def kick(self) -> None:
+        """The uploader looks at the queue again (an upload ended)."""
+        self._kick.set()
+
+    @contextlib.contextmanager
+    def sending(self, entry: CacheEntry):
+        """The file's upload request runs (its state says ``uploading``)."""
+        name = os.path.basename(entry.path)
+        self._uploading.add(name)
+        try:
+            yield
+        finally:
+            self._uploading.discard(name)
+
+    def unanswered(self, entry: CacheEntry, etag: str) -> None:
+        """A rebuild's completion of the file's current ``gen`` went unanswered: S3 may
+        have made it version ``etag`` already."""
+        self._unanswered[os.path.basename(entry.path)] = (entry.gen, etag)
+
+    def take_unanswered(self, entry: CacheEntry) -> str | None:
+        """The ETag of an unanswered completion of this very ``gen``, if there was one."""
+        prior = self._unanswered.pop(os.path.basename(entry.path), None)
+        return prior[1] if prior is not None and prior[0] == entry.gen else None
+
+    def upload_state(self, entry: CacheEntry) -> tuple[str, str | None]:
+        """(state, reason) of a dirty entry: waiting (the write-back delay), pending,
+        uploading, failed or conflict."""
+        name = os.path.basename(entry.path)
+        conflict = (entry.meta or {}).get("conflict")
+        if conflict:
+            return "conflict", f"S3 has another version of {conflict.get('key')}: {conflict.get('reason')}"
+        if name in self._uploading:
+            return "uploading", None
+        if name in self._failures:
+            return "failed", self._failures[name]
+        if name in self._waiting:
+            return "waiting", None
+        return "pending", None
+
+    def queued(self) -> bool:
+        """Some file waits or is queued for the uploader."""
+        return bool(self._pending or self._waiting)
+
+    # ------------------------------------------------------------ recovery
 
     def restore(self) -> list[CacheEntry]:
         """The dirty entries an earlier mount of this cache directory journaled (the
