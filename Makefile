@@ -9,21 +9,25 @@ bootstrap:
 demo: bootstrap
 	$(PY) -m delvefs.devtools.demo
 
-test: bootstrap
-	$(PY) -m pytest -ra $(PYTEST_ARGS)
+# WORKERS pytest-xdist processes share the tests (--dist worksteal), each starting its own
+# MinIO and RabbitMQ (the session fixtures are per process): the CPU-bound unit and core
+# tests fill the time the services tests spend waiting for processes. WORKERS=0 runs every
+# test in this process, one by one.
+WORKERS ?= 2
+XDIST = -n $(WORKERS) $(if $(filter 0,$(WORKERS)),,--dist worksteal)
 
-# The tiers without services (tests/unit, tests/core): CI's first step, about 2 minutes.
+test: bootstrap
+	$(PY) -m pytest -ra $(XDIST) $(PYTEST_ARGS)
+
+# The tiers without services (tests/unit, tests/core): CI's first step, about a minute.
 unit: bootstrap
-	$(PY) -m pytest -ra tests/unit tests/core $(PYTEST_ARGS)
+	$(PY) -m pytest -ra tests/unit tests/core $(XDIST) $(PYTEST_ARGS)
 
 # Everything `make unit` leaves out: real MinIO/RabbitMQ, handlers and FUSE mounts (CI's
-# second step). WORKERS pytest-xdist processes, each starting its own MinIO and RabbitMQ
-# (the session fixtures are per process); WORKERS=0 runs them in this process, one by one.
-# `PYTEST_ARGS='-m "not slow"'` leaves out the tests of tests/slow_tests.txt.
-WORKERS ?= 2
+# second step). `PYTEST_ARGS='-m "not slow"'` leaves out the tests of tests/slow_tests.txt.
 SERVICES_TIERS := tests --ignore=tests/unit --ignore=tests/core
 services-tests: bootstrap
-	$(PY) -m pytest -ra $(SERVICES_TIERS) -n $(WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -ra $(SERVICES_TIERS) $(XDIST) $(PYTEST_ARGS)
 
 # Re-measure which tests are slow: the services tiers one by one with every duration into
 # build/durations.txt (15-25 minutes), then tests/slow_tests.txt from it (5 s or more).
