@@ -7,6 +7,7 @@ unpinned (``--cpus``), one table each.
     .venv/bin/python -m benchmarks.bench_tree [--files N] [--only local,boto3,floor,strict,eager,s3fs]
                                               [--cpus both|pinned|unpinned]
                                               [--save NAME] [--baseline NAME] [--plot docs/tree-small-files.png]
+                                              [--eager-opts passthrough=rw]
 
 Rows (docs/PERFORMANCE.md, "## Trees of small files"):
   * untar into a view: strict (each close uploads), eager (close returns once the file is
@@ -21,7 +22,9 @@ kernel's writeback cache as eager mounts do). ``--save NAME`` keeps the results 
 ``benchmarks/results/tree-NAME.json``; ``--baseline NAME`` adds that run's DelveFS strict
 numbers as a column (the same benchmark run on the code of HEAD: docs/PERFORMANCE.md;
 its run of the same CPU mode, else the one it has).
-The tar is built once and cached in ~/.cache/delvefs/bench-tree/.
+``--eager-opts OPTS`` mounts the eager part with ``-o OPTS`` (``passthrough=rw``: the kernel
+writes the files itself instead of through its writeback cache; compare with the floor
+without it). The tar is built once and cached in ~/.cache/delvefs/bench-tree/.
 """
 from __future__ import annotations
 
@@ -209,8 +212,8 @@ def bench_strict(delve: Delve, client, tar: Path, res: dict) -> None:
     assert count_keys(client, "strict/") == 0, "strict rm -rf left objects"
 
 
-def bench_eager(delve: Delve, client, tar: Path, res: dict) -> None:
-    mp = delve.mount("--eager")
+def bench_eager(delve: Delve, client, tar: Path, res: dict, opts: tuple = ()) -> None:
+    mp = delve.mount("--eager", *opts)
     try:
         def remount():
             res["eager_sync_s"], res["eager_sync_handler_s"] = delve.sync()
@@ -220,7 +223,7 @@ def bench_eager(delve: Delve, client, tar: Path, res: dict) -> None:
             assert uploaded == res.get("files", uploaded), f"eager: {uploaded} objects after sync"
             res["eager_files"] = uploaded
             delve.umount()
-            return delve.mount("--eager") / "eager"
+            return delve.mount("--eager", *opts) / "eager"
         d = tree_ops(mp / "eager", tar, res, "eager", remount)
         res["eager_rm_s"] = timed("rm", "-rf", str(d / "stdlib"))
         s3, handler = delve.sync()
@@ -402,6 +405,8 @@ def main(argv=None) -> int:
     ap.add_argument("--save", metavar="NAME", help="keep the results as results/tree-NAME.json")
     ap.add_argument("--baseline", metavar="NAME", help="compare with results/tree-NAME.json")
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart (of the last CPU mode run)")
+    ap.add_argument("--eager-opts", metavar="OPTS", default="",
+                    help="mount options of the eager part (-o OPTS), e.g. passthrough=rw")
     add_cpu_option(ap)
     args = ap.parse_args(argv)
     parts = [p for p in (args.only.split(",") if args.only else PARTS) if p in PARTS]
@@ -410,7 +415,7 @@ def main(argv=None) -> int:
     with tarfile.open(tar) as t:
         members = [m for m in t.getmembers() if m.isfile()]
     tree = {"files": len(members), "bytes": sum(m.size for m in members)}
-    results: dict = dict(tree)
+    results: dict = dict(tree, eager_opts=args.eager_opts)
     log(f"tree: {tree['files']} files, {tree['bytes'] / 2**20:.1f} MiB ({tar})")
     with services("bench-tree-") as (work, env, client, handler):
         for mode in modes:
@@ -431,7 +436,8 @@ def main(argv=None) -> int:
                         elif part == "strict":
                             bench_strict(delve, client, tar, res)
                         elif part == "eager":
-                            bench_eager(delve, client, tar, res)
+                            bench_eager(delve, client, tar, res,
+                                        ("-o", args.eager_opts) if args.eager_opts else ())
                         elif part == "s3fs":
                             bench_s3fs(env, here, tar, res)
                     except Exception as exc:  # noqa: BLE001 — recorded; the other parts still run

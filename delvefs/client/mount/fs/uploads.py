@@ -14,8 +14,8 @@ when S3 has another version by then, the local copy is kept as a *conflict copy*
 ``conflict``) and the other writer's object stays. A file left dirty is retried by
 ``run_uploads`` with backoff. In eager mode ``run_uploads`` uploads up to
 ``upload_concurrency`` files at a time (holding back while requests keep coming: the
-written files' ``upload_limit``), and
-unlinks queue their DELETEs (``delvefs.client.mount.fs.deletes``). ``sync_all``
+written files' ``upload_limit``), and unlinks queue their DELETEs
+(``delvefs.client.mount.fs.deletes``). ``sync_all``
 (``delvefs sync``) waits for both; ``shutdown`` uploads the rest at unmount; ``recover``
 queues what an earlier mount's journal left.
 
