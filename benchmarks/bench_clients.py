@@ -49,9 +49,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
 from delvefs.client.handler.api import HandlerError, Resync, SyncHandlerClient
+from delvefs.client.handler.http import TransportError
 from delvefs.client.handler.endpoints import api_error, decoded_body, stream_changes, stream_request, unreachable
 from delvefs.shared.s3 import presigned_list_url
 from eventhandler.devtools import HandlerProcess, spec
@@ -182,7 +181,7 @@ class Client:
                     self.seen.setdefault(int(change["object"]["etag"][1:]), now)
                 if stop.is_set():
                     break
-        except httpx.HTTPError as exc:
+        except TransportError as exc:
             if stop.is_set():
                 return version
             raise unreachable(self.api.url, exc) from exc

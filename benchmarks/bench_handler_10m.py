@@ -130,6 +130,7 @@ def measure(handler, ids: dict, s3, objects: int, work: Path, env: dict, repeat:
     # request where httpx spends ~1 ms on this machine): the handler's own share
     raw = raw_listing_ms(handler.url, handler.token, f"/v1/views/{ids['hundred']}/objects?limit=5000",
                          len(small), repeat)
+    health = healthz_ms(handler, repeat)
     size = state_bytes(handler.state_dir)
     mount = mount_and_list(work / f"mount-{objects}", env,
                            f"million:\n  bucket: {BUCKET}\n  object: \"{MILLION}\"\n  ttl: 3600s\n",
@@ -137,11 +138,41 @@ def measure(handler, ids: dict, s3, objects: int, work: Path, env: dict, repeat:
     row = {"objects": objects, "state_bytes": size, "bytes_per_object": size / objects, "restart_s": restart_s,
            "hundred": len(small), "hundred_median_ms": statistics.median(times),
            "hundred_p90_ms": times[min(len(times) - 1, int(0.9 * len(times)))],
-           "hundred_bare_median_ms": statistics.median(bare), "hundred_raw_median_ms": raw,
+           "hundred_bare_median_ms": statistics.median(bare), "hundred_bare_p90_ms": percentile(bare, 0.9),
+           "hundred_raw_median_ms": raw, **health,
            "million": million, "million_first_list_s": million_s, "page_size": page, "mount": mount,
            "load": os.getloadavg()}
     log(f"# at {objects:,} objects: {json.dumps(row)}")
     return row
+
+
+def percentile(times: list[float], q: float) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def healthz_ms(handler, repeat: int) -> dict:
+    """``GET /healthz`` (a small JSON answer) through the client (``health()``) and by
+    http.client: what a request costs the client apart from the handler's work."""
+    handler.api.health()  # warm-up: the connection opened
+    client = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        handler.api.health()
+        client.append((time.perf_counter() - t) * 1000)
+    conn = http.client.HTTPConnection(urllib.parse.urlsplit(handler.url).netloc)
+    raw = []
+    try:
+        for _ in range(repeat + 1):  # the first opens the connection
+            t = time.perf_counter()
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            json.loads(resp.read())
+            raw.append((time.perf_counter() - t) * 1000)
+    finally:
+        conn.close()
+    return {"healthz_client_median_ms": statistics.median(client), "healthz_client_p90_ms": percentile(client, 0.9),
+            "healthz_raw_median_ms": statistics.median(raw[1:]), "healthz_raw_p90_ms": percentile(raw[1:], 0.9)}
 
 
 def raw_listing_ms(url: str, token: str | None, path: str, expect: int, repeat: int) -> float:

@@ -13,10 +13,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 from delvefs.client.handler.api import HandlerError, SyncHandlerClient
 from delvefs.client.handler.endpoints import register_request
+from delvefs.client.handler.http import Response
 from delvefs.devtools.localservices import free_port
 from rulesets import View
 
@@ -115,7 +114,7 @@ class HandlerProcess:
         self.api.close()
 
     # API helpers
-    def register(self, views: dict[str, dict], proof: dict[str, str], client: str = "test") -> httpx.Response:
+    def register(self, views: dict[str, dict], proof: dict[str, str], client: str = "test") -> Response:
         """The handler's response as it is: tests look at refusals too."""
         return self.api.response(register_request(
             client, [{"name": n, "spec": s} for n, s in views.items()], proof))

@@ -17,7 +17,7 @@ MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 5
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 # chatty libraries: their INFO lines are per request
-QUIET = ("httpx", "httpcore", "botocore", "boto3", "s3transfer", "urllib3", "pika")
+QUIET = ("botocore", "boto3", "s3transfer", "urllib3", "pika")
 
 
 class _StdRotatingHandler(logging.handlers.RotatingFileHandler):

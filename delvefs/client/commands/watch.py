@@ -158,7 +158,6 @@ class Watcher(ViewFollower):
 
 def run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="delvefs watch: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # SIGPIPE stays ignored: a write to a handler's closed connection must be an error the

@@ -4,11 +4,14 @@ Two layers:
 
 - *Requests* (delvefs/client/handler/endpoints.py): one function per endpoint describes a
   request as an :class:`ApiRequest`, which also reads the answer. No I/O.
-- *Clients* (here) send them: :class:`HandlerClient` (``httpx.AsyncClient`` on trio via anyio,
-  the mount: requests never block the loop) and :class:`SyncHandlerClient`
-  (``httpx.Client``: ``delvefs watch``, the tests' and benchmarks' ``HandlerProcess``).
-  Both offer the operations of :class:`HandlerOperations`. The mount's client times
-  each round trip by the request's ``kind`` (``round_trips``: the mount's metrics).
+- *Clients* (here) send them: :class:`HandlerClient` (the mount, on trio: each request
+  goes in a worker thread, so none blocks the loop) and :class:`SyncHandlerClient`
+  (blocking: ``delvefs watch``, group members, ``delvefs shards``/``status``, the tests'
+  and benchmarks' ``HandlerProcess``). Both offer the operations of
+  :class:`HandlerOperations` and speak HTTP/1.1 through :class:`HttpClient`
+  (delvefs/client/handler/http.py: kept-alive ``http.client`` connections, one pool per
+  handler URL). The mount's client times each round trip by the request's ``kind``
+  (``round_trips``: the mount's metrics).
 
 A client may be given several handler URLs (comma-separated: the active handler and its
 standbys, eventhandler/standby.py). It sends to the one that answered last; on a
@@ -29,10 +32,9 @@ Listings and changes are requested as msgpack, other answers as JSON. Errors:
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
-
-import httpx
 
 from delvefs.shared.config import handler_ca, handler_urls
 from delvefs.shared.histogram import Timings
@@ -70,17 +72,17 @@ from .endpoints import (
     view_bucket,
     wait_objects_request,
 )
+from .http import ConnectFailed, ConnectionLost, HttpClient, Response, TransportError
 
 # what callers use: the clients, and the errors their operations raise
 __all__ = ["HandlerClient", "SyncHandlerClient", "HandlerOperations", "HandlerError",
            "HandlerUnavailable", "Misdirected", "Resync"]
 
 
-FAILOVER_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError,
-                   httpx.WriteError, httpx.RemoteProtocolError)
+FAILOVER_ERRORS = (ConnectFailed, ConnectionLost)
 
 
-def is_standby(resp: httpx.Response) -> bool:
+def is_standby(resp: Response) -> bool:
     """The answer of a handler standing by (its body read)."""
     if resp.status_code != 503:
         return False
@@ -114,19 +116,19 @@ class Attempts:
         self.order = [(failover.current + i) % n for i in range(n)]
         self.index = failover.current
         self.failures: list[str] = []
-        self.standby: httpx.Response | None = None
+        self.standby: Response | None = None
 
     def __iter__(self) -> Iterator[str]:
         for self.index in self.order:
             yield self.failover.urls[self.index]
 
-    def failed(self, url: str, exc: httpx.HTTPError) -> None:
+    def failed(self, url: str, exc: TransportError) -> None:
         """Go on to the next URL, or raise when this failure is not one to move on after."""
         if len(self.order) == 1 or not isinstance(exc, FAILOVER_ERRORS):
             raise unreachable(url, exc) from exc
         self.failures.append(f"{url}: {type(exc).__name__}: {exc}")
 
-    def answered(self, resp: httpx.Response) -> bool:
+    def answered(self, resp: Response) -> bool:
         """True when ``resp`` is the answer (the handler becomes the current one); False
         for a standby's, after which the next URL is tried."""
         if len(self.order) > 1 and is_standby(resp):
@@ -136,7 +138,7 @@ class Attempts:
         self.failover.use(self.index)
         return True
 
-    def outcome(self) -> httpx.Response:
+    def outcome(self) -> Response:
         if self.standby is not None:
             return self.standby
         raise HandlerUnavailable("no event handler answers: " + "; ".join(self.failures))
@@ -170,17 +172,22 @@ def run_plan(plan, send):
 ROUND_TRIP_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+# requests of the mount's client at once (each in a worker thread, on a connection of its own)
+MAX_CONNECTIONS = 16
+
+
 def _http_options(base_url: str, token: str | None, timeout: float) -> dict:
-    """httpx client options shared by both clients."""
+    """The options of one handler URL's :class:`HttpClient` (connect timeout: its default,
+    5 s). httpx.Client takes the same: a test may give a client one over a mock transport."""
     return {"base_url": base_url,
             "headers": {"Authorization": f"Bearer {token}"} if token else {},
             # plain http: no TLS context with the CA bundle loaded (~60 ms at every mount)
             "verify": _tls_verify(base_url),
-            "timeout": httpx.Timeout(timeout, connect=5.0)}
+            "timeout": timeout}
 
 
 def _tls_verify(base_url: str):
-    """httpx's ``verify``: none for http; for https $DELVEFS_HANDLER_CA, else the default CAs."""
+    """``verify``: none for http; for https $DELVEFS_HANDLER_CA, else the default CAs."""
     if base_url.lower().startswith("http://"):
         return False
     ca = handler_ca()
@@ -203,14 +210,14 @@ class HandlerOperations:
         self.failovers = {name: Failover(urls) for name, urls in self.shards.shards.items()}
         self.timeout = timeout
         self.token = token
-        self.clients: dict = {}  # handler URL -> its httpx client
+        self.clients: dict = {}  # handler URL -> its HttpClient (its pool of connections)
         self.view_buckets: dict[str, str] = {}  # view id -> its bucket (where its requests go)
 
-    def _new_client(self, options: dict):
-        raise NotImplementedError
+    def _new_client(self, options: dict) -> HttpClient:
+        return HttpClient(**options, max_idle=MAX_CONNECTIONS)
 
-    def client(self, url: str):
-        """The httpx client of one handler URL (made at its first use)."""
+    def client(self, url: str) -> HttpClient:
+        """The client of one handler URL (made at its first use)."""
         if url not in self.clients:
             self.clients[url] = self._new_client(_http_options(url, self.token, self.timeout))
         return self.clients[url]
@@ -221,8 +228,9 @@ class HandlerOperations:
         return next(iter(self.failovers.values()))
 
     @property
-    def http(self):
-        """The httpx client of the current handler URL, for requests of one's own."""
+    def http(self) -> HttpClient:
+        """The client of the current handler URL (base URL and token set), for requests of
+        one's own (``get``, ``post``, ``stream`` ... as httpx.Client's)."""
         return self.client(self.url)
 
     @property
@@ -431,21 +439,25 @@ class HandlerOperations:
 class HandlerClient(HandlerOperations):
     """The mount's client: every operation is a coroutine. ``reprove``: async (), presents
     fresh proofs (registers again) when a view request is answered as if this principal
-    held no grant for it; the request is then sent once more."""
+    held no grant for it; the request is then sent once more.
+
+    Each request goes in a worker thread, at most ``MAX_CONNECTIONS`` at once. A request
+    cancelled (its trio task) is abandoned, not interrupted: its thread ends within the
+    request's timeout, and its connection goes back to the pool or is closed."""
 
     def __init__(self, base_url: str | list[str], token: str | None = None, *, timeout: float = 20.0,
                  reprove=None):
+        import trio  # here: the blocking clients' commands need not import it
         super().__init__(base_url, token, timeout=timeout)
         self.reprove = reprove
         # round trips by request kind (ApiRequest.kind), for the mount's metrics
         self.round_trips = Timings(ROUND_TRIP_BOUNDS)
-
-    def _new_client(self, options: dict) -> httpx.AsyncClient:
-        return httpx.AsyncClient(**options, limits=httpx.Limits(max_connections=16))
+        self._in_thread = functools.partial(trio.to_thread.run_sync, abandon_on_cancel=True,
+                                            limiter=trio.CapacityLimiter(MAX_CONNECTIONS))
 
     async def aclose(self) -> None:
         for client in self.clients.values():
-            await client.aclose()
+            client.close()
 
     async def __aenter__(self) -> "HandlerClient":
         return self
@@ -481,8 +493,9 @@ class HandlerClient(HandlerOperations):
             attempts = self.failovers[shard].attempts()
             for url in attempts:
                 try:
-                    resp = await self.client(url).request(**request.httpx_args())
-                except httpx.HTTPError as exc:
+                    resp = await self._in_thread(functools.partial(self.client(url).request,
+                                                                   **request.http_args()))
+                except TransportError as exc:
                     attempts.failed(url, exc)
                     continue
                 if attempts.answered(resp):
@@ -498,11 +511,8 @@ class HandlerClient(HandlerOperations):
 
 class SyncHandlerClient(HandlerOperations):
     """A blocking client (``delvefs watch``, tests, benchmarks). ``http`` is the
-    ``httpx.Client`` of the current handler URL (base URL and token set) for requests of
-    one's own."""
-
-    def _new_client(self, options: dict) -> httpx.Client:
-        return httpx.Client(**options)
+    :class:`HttpClient` of the current handler URL (base URL and token set) for requests
+    of one's own."""
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -515,7 +525,7 @@ class SyncHandlerClient(HandlerOperations):
         self.close()
 
     def response(self, request: ApiRequest, *, stream: bool = False,
-                 shard: str | None = None) -> httpx.Response:
+                 shard: str | None = None) -> Response:
         """The response to ``request`` as it is, whatever its status (``stream``: its body
         not read yet unless the status is not 200; close it), from its shard (see
         :meth:`shard_of`) or ``shard``."""
@@ -523,10 +533,10 @@ class SyncHandlerClient(HandlerOperations):
         for url in attempts:
             client = self.client(url)
             try:
-                resp = client.send(client.build_request(**request.httpx_args()), stream=stream)
+                resp = client.send(client.build_request(**request.http_args()), stream=stream)
                 if resp.status_code != 200 and stream:
                     resp.read()
-            except httpx.HTTPError as exc:
+            except TransportError as exc:
                 attempts.failed(url, exc)
                 continue
             if attempts.answered(resp):
@@ -577,7 +587,7 @@ class SyncHandlerClient(HandlerOperations):
                 return
             except Misdirected as exc:
                 self._reroute(exc, request, shard)
-            except httpx.HTTPError as exc:
+            except TransportError as exc:
                 raise unreachable(self.url, exc) from exc
             finally:
                 resp.close()

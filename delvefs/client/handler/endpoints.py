@@ -12,8 +12,9 @@ import json
 import urllib.parse
 from collections.abc import Iterable, Iterator
 
-import httpx
 import msgpack
+
+from .http import Response, TransportError
 
 
 MSGPACK = "application/msgpack"
@@ -71,14 +72,15 @@ class ApiRequest:
         self.absent_is_none = absent_is_none  # 404 answers None
         self.text = text                  # the answer is the body as text
 
-    def httpx_args(self) -> dict:
+    def http_args(self) -> dict:
+        """The arguments of ``HttpClient.request`` / ``build_request`` for it."""
         args = {"method": self.method, "url": self.path, "params": self.params,
                 "json": self.body, "headers": self.headers}
         if self.timeout is not None:
             args["timeout"] = self.timeout
         return args
 
-    def answer(self, resp: httpx.Response):
+    def answer(self, resp: Response):
         """The answer of a complete response, or the error it means (raised)."""
         if resp.status_code == 200:
             if self.text:
@@ -90,7 +92,7 @@ class ApiRequest:
         raise api_error(self.what, resp.status_code, decoded_body(resp))
 
 
-def decoded_body(resp: httpx.Response) -> object:
+def decoded_body(resp: Response) -> object:
     """The body, decoded by its content type (msgpack, else JSON); a body that is neither
     (an error page of a proxy) as ``{"message": <its start>}``."""
     if not resp.content:
@@ -113,7 +115,7 @@ def api_error(what: str, status: int, body) -> HandlerError:
     return cls(msg, status, body.get("error"), body)
 
 
-def unreachable(base_url: str, exc: httpx.HTTPError) -> HandlerUnavailable:
+def unreachable(base_url: str, exc: TransportError) -> HandlerUnavailable:
     return HandlerUnavailable(f"event handler at {base_url} unreachable: {type(exc).__name__}: {exc}")
 
 
