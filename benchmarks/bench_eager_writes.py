@@ -1,22 +1,33 @@
-"""Big writes and dbench in an eager mount: the kernel's writeback cache against FUSE
+"""Big writes, fio and dbench in an eager mount: the kernel's writeback cache against FUSE
 passthrough writes (``--eager -o passthrough=rw``), beside local disk and the floor, pinned
 and unpinned, in one run.
 
     .venv/bin/python -m benchmarks.bench_eager_writes [--big-mib 1024] [--dbench-seconds 20]
-                                                      [--cpus both|pinned|unpinned]
+                                                      [--fio-mib N] [--fio-rand-mib 64] [--no-fio]
+                                                      [--cpus both|pinned|unpinned] [--save NAME]
 
 Rows: ``dd bs=1M`` of ``--big-mib`` MiB until it closes (eager: the file is journaled, not in
 S3 yet), then ``delvefs sync`` until S3 has it; a re-read of the file just written (the
-whole copy is in the cache: passthrough serves it); dbench's stock load (2 clients,
-``--dbench-seconds``) in MB/s as dbench reports it. The floor is benchmarks/floorfs.py with
-the writeback cache (what FUSE itself costs a writer); its reads return no real bytes, so
-it has no re-read row. The ratios are against local disk (above 1: slower than local disk
-for times, as fast for throughputs below 1).
+whole copy is in the cache: passthrough serves it); fio (Debian's package) writing a new
+file with ``--ioengine=psync --numjobs=1 --end_fsync=0``: sequentially in 1 MiB writes
+(``--fio-mib`` MiB, by default ``--big-mib``) and in random 4 KiB writes (``--fio-rand-mib``
+MiB), each in MB/s until fio exits (the file closed: its wall clock, fio's start included)
+and, in brackets, as fio measures its writes (its JSON output); in an eager mount each is
+followed by an untimed ``delvefs sync``; ``--no-fio`` leaves the fio rows out. Every dd and
+fio starts with no dirty page in the kernel (an untimed ``sync``, ``settled``). Then dbench's
+stock load (2 clients, ``--dbench-seconds``) in MB/s as dbench reports it. The floor is
+benchmarks/floorfs.py with the writeback cache (what FUSE itself costs a writer); its reads
+return no real bytes, so it has no re-read row (nor a dbench row). The ratios are speed ÷
+local disk (below 1: slower than local disk). A fio or dbench run that fails is a "failed"
+cell, fio's error text in the results (results/eager-writes.json, or eager-writes-NAME.json
+with ``--save NAME``).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -30,9 +41,20 @@ from .mounting import CPU_MODES, FloorMount, add_cpu_option, cpu_mode, cpu_modes
 VARIANTS = (("eager", ("--eager",)),
             ("eager_rw", ("--eager", "-o", "passthrough=rw")))
 LOAD_FILE = "/usr/share/dbench/client.txt"
+# fio's two loads: (its --rw, --bs); each run writes a file of a new name
+FIO_LOADS = {"seq": ("write", "1M"), "rand": ("randwrite", "4k")}
+_fio_runs = itertools.count(1)
+
+
+def settled() -> None:
+    """Every dirty page written out (``sync``, untimed) before a timed write, so that no row
+    pays for the writeback of the rows before it (on the 2-core VM a local fio of 1 GiB took
+    0.42 s alone and 1.7-2.6 s with 1-3 GiB just written and kept)."""
+    os.sync()
 
 
 def dd(src: Path, dst: Path) -> float:
+    settled()
     return timed("dd", f"if={src}", f"of={dst}", "bs=1M")
 
 
@@ -52,18 +74,65 @@ def dbench(where: Path, seconds: int) -> float | None:
     return float(m.group(1))
 
 
+def fio(where: Path, load: str, mib: int, res: dict, key: str) -> None:
+    """fio's ``load`` ("seq" or "rand") writing a new file of ``mib`` MiB in ``where``: into
+    ``res`` KEY_s (its wall clock: until it exits, the file closed), KEY_mbs (MiB written ÷
+    that), KEY_fio_mbs (the bandwidth fio reports), KEY_file; all None and KEY_error (its exit
+    code and stderr) when fio failed. Leaves the file in place."""
+    rw, bs = FIO_LOADS[load]
+    path = where / f"fio-{load}-{next(_fio_runs)}.bin"
+    settled()
+    cmd = ["fio", f"--name={load}", f"--filename={path}", f"--rw={rw}", f"--bs={bs}", "--ioengine=psync",
+           "--numjobs=1", f"--size={mib}M", "--end_fsync=0", "--output-format=json"]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    took = time.perf_counter() - t
+    res[f"{key}_file"] = path.name
+    res[f"{key}_s"] = res[f"{key}_mbs"] = res[f"{key}_fio_mbs"] = None
+    job = None
+    try:
+        job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    except (ValueError, KeyError, IndexError):
+        pass
+    if r.returncode or job is None or job.get("error"):
+        res[f"{key}_error"] = (f"exit {r.returncode}, job error {job and job.get('error')}: "
+                               f"{r.stderr.strip()[-800:]}")
+        log(f"fio {load} in {where}: {' '.join(cmd)}: {res[f'{key}_error']}")
+        return
+    res[f"{key}_s"] = took
+    res[f"{key}_mbs"] = job["write"]["io_bytes"] / took / 1e6
+    res[f"{key}_fio_mbs"] = job["write"]["bw_bytes"] / 1e6
+
+
+def fio_rows(where: Path, args, res: dict, name: str, after=None) -> None:
+    """Both fio loads in ``where`` as NAME_fio_seq_*, NAME_fio_rand_*; ``after(path)`` after each
+    (the file's cleanup, or a sync); logged."""
+    for load, mib in (("seq", args.fio_mib), ("rand", args.fio_rand_mib)):
+        key = f"{name}_fio_{load}"
+        fio(where, load, mib, res, key)
+        if after is not None:
+            after(where / res[f"{key}_file"])
+        if res[f"{key}_s"] is not None:
+            log(f"{name}: fio {load} {mib} MiB {res[f'{key}_s']:.2f} s, {res[f'{key}_mbs']:.0f} MB/s "
+                f"until exit, {res[f'{key}_fio_mbs']:.0f} MB/s as fio measures")
+
+
 def run_mode(work: Path, delve: Delve, src: Path, args, res: dict) -> None:
     local = work / "local"
     local.mkdir(exist_ok=True)
     res["local_dd_s"] = dd(src, local / "big.bin")
     res["local_reread_s"] = reread(local / "big.bin")
     (local / "big.bin").unlink()
+    if args.fio:
+        fio_rows(local, args, res, "local", after=Path.unlink)
     res["local_dbench"] = dbench(local / "dbench", args.dbench_seconds)
     log(f"local: dd {res['local_dd_s']:.2f} s, re-read {res['local_reread_s']:.2f} s, "
         f"dbench {res['local_dbench']} MB/s")
     with FloorMount(work / "floor-mnt", "--writeback") as floor:
         res["floor_dd_s"] = dd(src, floor / "big.bin")
         log(f"floor (writeback cache): dd {res['floor_dd_s']:.2f} s")
+        if args.fio:
+            fio_rows(floor, args, res, "floor", after=Path.unlink)
     for name, extra in VARIANTS:
         mp = delve.mount(*extra)
         try:
@@ -71,9 +140,13 @@ def run_mode(work: Path, delve: Delve, src: Path, args, res: dict) -> None:
             res[f"{name}_dd_s"] = dd(src, d / f"{name}.bin")
             res[f"{name}_sync_s"] = delve.sync()[0]
             res[f"{name}_reread_s"] = reread(d / f"{name}.bin")
+            fio_files = []
+            if args.fio:  # each file in S3 before the next row: no upload runs beside it
+                fio_rows(d, args, res, name, after=lambda path: (fio_files.append(path), delve.sync()))
             res[f"{name}_dbench"] = dbench(d / f"dbench-{name}", args.dbench_seconds)
             t = time.perf_counter()
-            subprocess.run(["rm", "-rf", str(d / f"dbench-{name}"), str(d / f"{name}.bin")], check=True)
+            subprocess.run(["rm", "-rf", str(d / f"dbench-{name}"), str(d / f"{name}.bin"),
+                            *map(str, fio_files)], check=True)
             delve.sync()
             log(f"{name}: dd {res[f'{name}_dd_s']:.2f} s, sync {res[f'{name}_sync_s']:.2f} s, "
                 f"re-read {res[f'{name}_reread_s']:.2f} s, dbench {res[f'{name}_dbench']} MB/s "
@@ -104,6 +177,19 @@ def table(res: dict) -> str:
         return "failed" if v is None else f"{v:.1f} MB/s"
     lines.append(f"| dbench, 2 clients | {mb(res['local_dbench'])} | — | {mb(res['eager_dbench'])} | "
                  f"{mb(res['eager_rw_dbench'])} |")
+    columns = ("local", "floor", "eager", "eager_rw")
+    for load, what in (("seq", f"fio sequential write, {res.get('fio_mib')} MiB in 1 MiB"),
+                       ("rand", f"fio random write, {res.get('fio_rand_mib')} MiB in 4 KiB")):
+        if f"local_fio_{load}_s" not in res:
+            continue  # --no-fio
+        cells, ratios = [], []
+        ref, ref_fio = res[f"local_fio_{load}_mbs"], res[f"local_fio_{load}_fio_mbs"]
+        for c in columns:
+            v, v_fio = res.get(f"{c}_fio_{load}_mbs"), res.get(f"{c}_fio_{load}_fio_mbs")
+            cells.append("failed" if v is None else f"{v:.0f} MB/s ({v_fio:.0f})")
+            ratios.append("—" if v is None or not ref else f"{v / ref:.2f}× ({v_fio / ref_fio:.2f}×)")
+        lines.append(f"| {what}, until fio exits (as fio measures) | " + " | ".join(cells) + " |")
+        lines.append(f"| speed ÷ local disk ({load} fio) | " + " | ".join(ratios) + " |")
     return "\n".join(lines)
 
 
@@ -111,8 +197,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--dbench-seconds", type=int, default=20)
+    ap.add_argument("--fio-mib", type=int, default=None,
+                    help="size of fio's sequential write in MiB (default: --big-mib)")
+    ap.add_argument("--fio-rand-mib", type=int, default=64, help="size of fio's random 4 KiB write in MiB")
+    ap.add_argument("--no-fio", dest="fio", action="store_false", help="leave the fio rows out")
+    ap.add_argument("--save", metavar="NAME", help="keep the results as results/eager-writes-NAME.json")
     add_cpu_option(ap)
     args = ap.parse_args(argv)
+    if args.fio_mib is None:
+        args.fio_mib = args.big_mib
     results = {}
     with services("bench-eager-") as (work, env, client, handler):
         src = work / "src.bin"
@@ -125,10 +218,12 @@ def main(argv=None) -> int:
             here = work / mode
             here.mkdir()
             res = results[mode] = {"big_mib": args.big_mib}
+            if args.fio:
+                res.update(fio_mib=args.fio_mib, fio_rand_mib=args.fio_rand_mib)
             with cpu_mode(mode):
                 run_mode(here, Delve(env, here, handler.url), src, args, res)
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "eager-writes.json"
+    out = RESULTS / (f"eager-writes-{args.save}.json" if args.save else "eager-writes.json")
     out.write_text(json.dumps(results, indent=2))
     log(f"results: {out}")
     for mode in results:

@@ -29,7 +29,7 @@ GO_MINIMUM=1.24
 DELVEFS_BIN=${DELVEFS_BIN:-$HOME/.cache/delvefs/bin}
 GO_DIR="$(dirname "$DELVEFS_BIN")/$GO_TOOLCHAIN"  # where a fetched toolchain goes
 APT_PACKAGES=(build-essential python3-dev python3-venv ca-certificates
-              fuse3 libfuse3-dev pkg-config rabbitmq-server s3fs rclone bowtie2 samtools docker-compose dbench)
+              fuse3 libfuse3-dev pkg-config rabbitmq-server s3fs rclone bowtie2 samtools docker-compose dbench fio)
 
 log() { printf '[bootstrap %s] %s\n' "$(date +%T)" "$*"; }
 started=$(date +%s)
