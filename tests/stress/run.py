@@ -67,6 +67,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="when to stop the handler, as a share of --seconds (negative: never)")
     ap.add_argument("--handler-down", type=float, default=4.0, help="seconds the handler stays stopped")
     ap.add_argument("--ttl", type=float, default=1.0, help="the view's ttl")
+    ap.add_argument("--mount-options", metavar="OPT[,OPT...]",
+                    help="-o options of the live mount, e.g. passthrough=rw")
     ap.add_argument("--converge-timeout", type=float,
                     help="how long the mount may take to show an outside change (default ttl + 20 s "
                          "+ --handler-down)")
@@ -121,6 +123,8 @@ class Run:
             words.append("--weights " + ",".join(f"{op}={n}" for op, n in a.weights.items()))
         if a.queue_dir:
             words.append("--queue-dir")
+        if a.mount_options:
+            words.append(f"--mount-options {a.mount_options}")
         if a.no_outside:
             words.append("--no-outside")
         if a.handler_restart_at != 0.5:
@@ -144,7 +148,8 @@ class Run:
         with stack(self.work, self.args.queue_dir) as mounts:
             self.mounts, self.handler, self.s3, self.bucket = mounts, mounts.handler, mounts.s3, mounts.bucket
             self.mp = self.mounts.mount(views(self.bucket, self.args.ttl),
-                                        *(["--eager"] if self.eager else []))
+                                        *(["--eager"] if self.eager else []),
+                                        *(["-o", self.args.mount_options] if self.args.mount_options else []))
             self.timed("setup", start)
             self.stress()
             self.finish()
