@@ -45,6 +45,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=int, default=60, help="dbench -t (default 60)")
     ap.add_argument("--clients", type=int, default=4, help="dbench's client count (default 4)")
     ap.add_argument("--ttl", type=float, default=1.0)
+    ap.add_argument("--mount-options", metavar="OPT[,OPT...]",
+                    help="-o options of the mount dbench runs in, e.g. passthrough=rw")
     ap.add_argument("--work-dir", help="default: a new temporary directory")
     return ap.parse_args(argv)
 
@@ -90,7 +92,8 @@ def main(argv=None) -> int:
     log(f"mode {args.mode}, {args.runs} runs of dbench -t {args.seconds} {args.clients}; work dir {work}")
     findings: list[str] = []
     with stack(work) as mounts:
-        mp = mounts.mount(views(mounts.bucket, args.ttl), *(["--eager"] if args.mode == "eager" else []))
+        mp = mounts.mount(views(mounts.bucket, args.ttl), *(["--eager"] if args.mode == "eager" else []),
+                          *(["-o", args.mount_options] if args.mount_options else []))
         clean = 0
         for n in range(1, args.runs + 1):
             found = one_run(mounts, mp, n, args, work)
