@@ -13,13 +13,12 @@ import hmac
 import http.client
 import os
 import random
-import socket
 import ssl
-import threading
 import time
 import urllib.parse
 
 from .config import DEFAULT_PRINCIPAL, DEFAULT_PROOF_LIFETIME, S3Settings
+from .connpool import STALE, ConnectionPool
 
 # The query parameter that binds a proof to the handler principal presenting it. Every query
 # parameter of a presigned URL is signed, so it cannot be changed or dropped without
@@ -99,9 +98,6 @@ _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _RETRY_STATUS = frozenset({500, 502, 503, 504})
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                           "RequestTimeoutException", "PriorRequestNotComplete", "InternalError"})
-# a kept-alive connection the server closed meanwhile: retried at once on a new one
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-          ConnectionAbortedError)
 
 
 def _backoff(attempt: int) -> None:
@@ -134,11 +130,11 @@ class LeanClient:
         self._keys: tuple[str, bytes] = ("", b"")  # (day, signing key of that day)
         self.attempts = max(1, attempts)
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        self._ssl = None
+        tls = None
         if ep.scheme == "https":  # verified like botocore: AWS_CA_BUNDLE, else the system's CAs
-            self._ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-        self._idle: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
+            tls = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+        self._pool = ConnectionPool(ep.hostname, ep.port, tls=tls, connect_timeout=connect_timeout,
+                                    read_timeout=read_timeout)
 
     # the botocore client methods of the same names (the parts this module's functions use)
 
@@ -228,14 +224,10 @@ class LeanClient:
         if resp.will_close:
             conn.close()
         else:
-            with self._lock:
-                self._idle.append(conn)
+            self._pool.put(conn)
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._pool.close()
 
     # ---
 
@@ -294,10 +286,7 @@ class LeanClient:
         has closed meanwhile is dropped and the request sent again on another (pooled or
         new) one, without counting as a try."""
         while True:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            reused = conn is not None
-            conn = conn or self._connect()
+            conn, reused = self._pool.take()
             try:
                 conn.putrequest(method, f"{path}?{query}" if query else path, skip_host=True,
                                 skip_accept_encoding=True)
@@ -307,7 +296,7 @@ class LeanClient:
                     conn.putheader("content-length", str(len(body)))
                 conn.endheaders(body or None)
                 return conn, conn.getresponse()
-            except _STALE:
+            except STALE:  # a kept-alive connection the server closed: at once on another
                 conn.close()
                 if reused:
                     continue
@@ -315,18 +304,6 @@ class LeanClient:
             except BaseException:
                 conn.close()
                 raise
-
-    def _connect(self) -> http.client.HTTPConnection:
-        ep = self._ep
-        if self._ssl is not None:
-            conn = http.client.HTTPSConnection(ep.hostname, ep.port, timeout=self.connect_timeout,
-                                               context=self._ssl)
-        else:
-            conn = http.client.HTTPConnection(ep.hostname, ep.port, timeout=self.connect_timeout)
-        conn.connect()
-        conn.sock.settimeout(self.read_timeout)
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
 
     @staticmethod
     def _error(method: str, status: int, data: bytes) -> S3Error:

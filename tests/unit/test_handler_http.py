@@ -149,7 +149,7 @@ def test_a_kept_alive_connection_carries_the_next_requests(server, client):
 def test_an_idle_connection_the_server_closed_is_dropped_before_reuse(server, client):
     port = client.get("/healthz").json()["port"]
     server.connections[port].shutdown(socket.SHUT_RDWR)
-    idle = client._idle[0].sock
+    idle = client._pool._idle[0].sock
     assert select.select([idle], [], [], 10)[0], "the client's socket never saw the close"
     for method in ("GET", "POST"):  # a POST too: nothing was sent on the dead connection
         assert client.request(method, "/healthz").status_code == 200

@@ -3,7 +3,8 @@ of Python a request where httpx spent ~1 ms. The handler clients
 (delvefs/client/handler/api.py) speak to the handler only through it.
 
 :class:`HttpClient` is the client of one handler URL, with a pool of idle connections to
-it (at most ``max_idle`` kept); a pool per base URL. It offers the part of httpx.Client's
+it (:class:`delvefs.shared.connpool.ConnectionPool`, as the S3 client's; at most
+``max_idle`` kept); a pool per base URL. It offers the part of httpx.Client's
 interface the handler clients and the tests' own requests use (``request``, ``get``,
 ``post``, ``delete``, ``stream``, ``build_request`` + ``send``), answering a
 :class:`Response` (``status_code``, ``headers``, ``content``, ``text``, ``json()``,
@@ -20,7 +21,7 @@ closed is noticed before reuse and dropped; an idempotent request whose reused c
 turns out closed as it is sent goes once more, on a new connection.
 
 Thread safety: an :class:`HttpClient` may be used by any number of threads at once. Its
-idle list changes only under its lock, and a connection serves one request at a time:
+pool is thread-safe, and a connection serves one request at a time:
 taken out of the pool for it, put back only once its answer has been read to the end
 (closed otherwise). A :class:`Response` belongs to the thread that reads it.
 """
@@ -31,18 +32,14 @@ import contextlib
 import http.client
 import json as jsonlib
 import re
-import select
-import socket
 import ssl
-import threading
 import urllib.parse
 from collections.abc import Iterator
 
+from delvefs.shared.connpool import STALE, ConnectionPool
+
 # requests that may go twice: sending one again on a fresh connection is safe
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
-# what a reused connection the server closed meanwhile raises as the request goes out
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-          ConnectionAbortedError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 _LINE_END = re.compile(r"\r\n|\r|\n")
 # characters a path keeps as they are (httpx's choice; "%": escapes made by the caller stay)
 _PATH_SAFE = "/%!$&'()*+,;=:@"
@@ -227,31 +224,6 @@ class Response:
         release(reusable)
 
 
-def _still_open(conn: http.client.HTTPConnection) -> bool:
-    """Whether an idle connection may carry a request: not closed by the server. An idle
-    socket has nothing to read; a readable one is at EOF, failed, or holds bytes nobody
-    asked for (TLS: perhaps only a session ticket, which a read takes in)."""
-    sock = conn.sock
-    if sock is None:
-        return False
-    poller = select.poll()  # not select.select: descriptors above 1023 are common in a mount
-    poller.register(sock, select.POLLIN)
-    if not poller.poll(0):
-        return True
-    if not isinstance(sock, ssl.SSLSocket):
-        return False
-    sock.setblocking(False)
-    try:
-        sock.recv(1)  # EOF, or data nobody asked for: either way not to be used again
-        return False
-    except ssl.SSLWantReadError:
-        return True  # TLS records only, no data: still open
-    except OSError:
-        return False
-    finally:
-        sock.setblocking(True)
-
-
 def _tls_context(verify) -> ssl.SSLContext:
     """The context of https connections by ``verify`` (see :class:`HttpClient`)."""
     if isinstance(verify, ssl.SSLContext):
@@ -281,11 +253,8 @@ class HttpClient:
         self._tls = _tls_context(verify) if url.scheme == "https" else None
         self.headers = {"Accept": "*/*", "User-Agent": "delvefs", **(headers or {})}
         self.timeout, self.connect_timeout = timeout, connect_timeout
-        self.max_idle = max_idle
-        self._idle: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self.connections_made = 0  # how many this client opened (tests look at reuse)
+        self._pool = ConnectionPool(self._host, self._port, tls=self._tls,
+                                    connect_timeout=connect_timeout, max_idle=max_idle)
 
     def __enter__(self) -> "HttpClient":
         return self
@@ -342,7 +311,7 @@ class HttpClient:
                 conn.sock.settimeout(request.timeout)
                 conn.request(request.method, request.target, request.body, request.headers)
                 raw = conn.getresponse()
-            except _STALE as exc:
+            except STALE as exc:
                 conn.close()
                 if reused and request.method in IDEMPOTENT:
                     fresh_only = True
@@ -361,46 +330,24 @@ class HttpClient:
 
     def close(self) -> None:
         """Close the idle connections; those in use close when their answers are done."""
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        self._pool.close()
+
+    @property
+    def connections_made(self) -> int:
+        """How many connections this client opened (tests look at reuse)."""
+        return self._pool.connections_made
 
     # the pool
 
     def _checkout(self, fresh_only: bool, request_line: str) -> tuple[http.client.HTTPConnection, bool]:
         """(connection, reused): the most recently used idle one still open, else a new one."""
-        while not fresh_only:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                break
-            if _still_open(conn):
-                return conn, True
-            conn.close()
-        return self._connect(request_line), False
+        try:
+            return self._pool.take(fresh=fresh_only, check=True)
+        except OSError as exc:
+            raise ConnectFailed(f"{request_line}: cannot connect: {type(exc).__name__}: {exc}") from exc
 
     def _checkin(self, conn: http.client.HTTPConnection, reusable: bool) -> None:
         if reusable:
-            with self._lock:
-                if not self._closed and len(self._idle) < self.max_idle:
-                    self._idle.append(conn)
-                    return
-        conn.close()
-
-    def _connect(self, request_line: str) -> http.client.HTTPConnection:
-        if self._tls is not None:
-            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.connect_timeout,
-                                               context=self._tls)
+            self._pool.put(conn)
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
-        try:
-            conn.connect()
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError as exc:
             conn.close()
-            raise ConnectFailed(f"{request_line}: cannot connect: {type(exc).__name__}: {exc}") from exc
-        with self._lock:
-            self.connections_made += 1
-        return conn
