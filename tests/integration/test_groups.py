@@ -178,7 +178,12 @@ def test_a_killed_members_file_is_done_by_another_and_nothing_is_lost(stack):
     victim.wait(10)
     keys = {f"runs/{n}" for n in files}
     done = wait_all_done(stack, keys, "every file processed, the slow one by another member")
-    assert set(done) == keys and set(done.values()) == {1}
+    assert set(done) == keys
+    # A command that ended at the killed member just before the kill, its report never sent,
+    # runs again elsewhere once the lease runs out (docs/SEMANTICS.md, "Once, and at most the
+    # files in flight twice"): only such files, at most its -j of them, are done twice.
+    twice = {k: stack.done_by(k) for k, n in done.items() if n > 1}
+    assert len(twice) <= JOBS and all(len(by) == 2 and holder in by for by in twice.values()), twice
     assert stack.done_by("runs/slow.fastq") != [holder]
     group = stack.group()
     assert (group["done"], group["failed"], group["in_flight"]) == (FILES, 0, 0)
