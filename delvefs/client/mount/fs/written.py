@@ -485,13 +485,19 @@ class WrittenFiles:
         """The queued files in the order they were queued, each with when it may go (its
         retry's time; ``now`` when it may go now); clean, gone and still written ones leave
         the queue (the last close of a written one uploads it). Lazy: the uploader stops at
-        its limit."""
-        for name, entry in list(self._pending.items()):
-            if not entry.dirty or entry.meta is None or entry.writers:
+        its limit — which is why it walks the queue itself, not a copy (a copy per look is
+        quadratic in a backlog of thousands): the caller must not queue or unqueue between
+        two items (it starts tasks, which run later); those leaving go once it stops."""
+        leaving = []
+        try:
+            for name, entry in self._pending.items():
+                if not entry.dirty or entry.meta is None or entry.writers:
+                    leaving.append(name)
+                    continue
+                yield name, entry, self._retry.get(name, (now, 0.0))[0]
+        finally:
+            for name in leaving:
                 self._pending.pop(name, None)
-                continue
-            at, _ = self._retry.get(name, (now, 0.0))
-            yield name, entry, at
 
     def release_waiting(self, now: float) -> float:
         """Move the files whose write-back delay is over — every waiting one when the
