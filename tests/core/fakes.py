@@ -11,7 +11,7 @@ import time
 
 import trio
 
-from delvefs.client.mount.errors import Changed, StoreError
+from delvefs.client.mount.errors import Changed, StoreError, Superseded
 from delvefs.client.handler.api import Resync
 from delvefs.client.mount.writelog import WriteLog
 
@@ -235,9 +235,12 @@ class FakeStore:
     def multipart(self, bucket, key, *, tags, content_type):
         return FakeMultipart(self, bucket, key, tags, content_type)
 
-    async def upload(self, bucket, key, filename, *, size, tags, content_type, base=None, metadata=None):
+    async def upload(self, bucket, key, filename, *, size, tags, content_type, base=None, metadata=None,
+                     superseded=None):
         self.wcalls["upload"] += 1
         self._check_write(f"PUT {bucket}/{key}")
+        if superseded is not None and size >= self.part_size and superseded():
+            raise Superseded(f"PUT {bucket}/{key}: given up")  # as before a part of S3Store's
         current = self.objects.get((bucket, key))
         if base is not None and (current["etag"] if current else "") != base:
             self.conflicts += 1  # S3's answer to If-Match / If-None-Match: * (412)

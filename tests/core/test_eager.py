@@ -323,6 +323,41 @@ async def test_eager_fsync_waits_for_the_upload(make_world):
     await w.close(fh)
 
 
+@pytest.mark.parametrize("big", [True, False])
+async def test_a_background_upload_gives_way_to_a_writer_that_opens_the_file_again(make_world, big):
+    # fio lays its file out (create, size, close), then opens it again to write it: a
+    # multipart upload begun at the first close is given up before its next part once the
+    # file is open for writing again (no failure, no retry delay), and the last close
+    # uploads what was written; a one-PUT upload is not (it is sent whole, or not at all)
+    w = await eager_world(make_world, write_back=0)
+    w.store.part_size = 1024 if big else 1 << 20
+    first, second = b"a" * 4096, b"b" * 4096
+    called, release = held(w.store, "upload")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        await w.write("v/f", first)
+        with trio.fail_after(10):
+            await called.wait()                       # the upload of the first close runs
+        entry = w.cache.get("b", "data/f")
+        fh, _ = await w.open_write("v/f", os.O_RDWR)  # opened again, before a part went
+        release.set()
+        with trio.fail_after(10):
+            while w.fs.written.upload_state(entry)[0] == "uploading":
+                await trio.sleep(0.005)
+        await w.fs.write(fh, 0, second)
+        if big:
+            assert w.obj("v", "data/f") is None        # given up: nothing in S3
+            assert w.fs.written.upload_state(entry)[0] != "failed"
+        else:
+            assert w.obj("v", "data/f")["data"] == first
+        await w.close(fh)
+        with trio.fail_after(10):
+            while w.obj("v", "data/f") is None or w.obj("v", "data/f")["data"] != second:
+                await trio.sleep(0.005)
+        assert [u["data"] for u in w.store.uploaded] == ([] if big else [first]) + [second]
+        nursery.cancel_scope.cancel()
+
+
 async def test_eager_unlinks_are_one_delete_objects_batch(make_world):
     w = make_world(wview(), eager=True)
     for i in range(50):

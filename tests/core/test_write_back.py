@@ -240,6 +240,25 @@ async def test_past_a_backlog_bound_waiting_files_go_without_their_delay(make_wo
     assert uploaded_keys(w) == [f"data/f{i}" for i in range(5)]
 
 
+async def test_the_byte_bound_counts_what_a_big_file_holds_not_its_holes(make_world, mock_clock):
+    # fio lays a file out (its size set, nothing written) and closes it before it writes it
+    # through a second open: closed with a size far past the bound, it holds no block yet
+    from delvefs.client.mount.fs.written import SPARSE_FROM
+    w = await eager_world(make_world)                      # the clock moves by jumps only
+    w.fs.written.backlog_bytes = SPARSE_FROM
+    async with trio.open_nursery() as nursery:
+        await nursery.start(w.fs.run_uploads)
+        fh, node = await w.open_write("v/laid-out")
+        await w.fs.setattr(node.ino, size=4 * SPARSE_FROM, fh=fh)   # ftruncate: a hole
+        await w.close(fh)
+        await jump(mock_clock, w.fs.written.upload_idle)
+        assert await state(w, "v/laid-out") == b"waiting"  # under the bound: it waits
+        await w.write("v/written", b"x" * SPARSE_FROM)     # bytes past the bound: all go
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(u["key"] for u in w.store.uploaded) == ["data/laid-out", "data/written"]
+        nursery.cancel_scope.cancel()
+
+
 async def test_write_back_0_uploads_once_the_mount_is_idle(make_world, mock_clock):
     w = await eager_world(make_world, write_back=0)        # the clock moves by jumps only
     async with trio.open_nursery() as nursery:

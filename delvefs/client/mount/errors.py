@@ -79,6 +79,15 @@ class Changed(StoreError):
         super().__init__(errno.EAGAIN, message)
 
 
+class Superseded(StoreError):
+    """A background upload gave way: a writer opened the file while its parts went (what
+    they carried is not what the file will be); the parts are aborted and the file's last
+    close queues it again."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EAGAIN, message)
+
+
 class StopGet(Exception):
     """Raised by a ``get_range`` writer to end the GET: nobody wants its bytes any more."""
 

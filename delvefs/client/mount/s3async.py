@@ -28,7 +28,7 @@ import time
 import trio
 
 from delvefs.shared import s3
-from .errors import Changed, StopGet, StoreError, store_error
+from .errors import Changed, StopGet, StoreError, Superseded, store_error
 from .writelog import WriteLog
 
 log = logging.getLogger(__name__)
@@ -157,9 +157,12 @@ class S3Store:
 
     async def upload(self, bucket: str, key: str, filename: str, *, size: int,
                      tags: dict[str, str] | None, content_type: str | None,
-                     base: str | None = None, metadata: dict[str, str] | None = None) -> dict:
+                     base: str | None = None, metadata: dict[str, str] | None = None,
+                     superseded=None) -> dict:
         """Upload the whole file as ``bucket/key``: one PutObject below the part size, a
-        multipart upload (``part_concurrency`` parts at a time) above. Conditional on
+        multipart upload (``part_concurrency`` parts at a time) above — given up before
+        any further part once ``superseded()`` is true (raises :class:`Superseded`; never
+        later, at the completion: S3 would have the object while the caller thinks not). Conditional on
         ``base``, the version the file was based on: its ETag (If-Match), "" (the object
         must not exist: If-None-Match: *) or None (unconditional). A failed condition
         raises :class:`Changed`. ``metadata``: the object's user metadata. Returns
@@ -185,10 +188,15 @@ class S3Store:
                 return {"etag": etag, "size": size, "mtime": None}
             mp = self.multipart(bucket, key, tags=tags, content_type=content_type, metadata=metadata)
             try:
+                sent = 0
                 async with trio.open_nursery() as nursery:
-                    for number, start in enumerate(range(0, size, self.part_size), 1):
-                        await mp.send(nursery, number, filename, start,
-                                      min(self.part_size, size - start))
+                    for start in range(0, size, self.part_size):
+                        if superseded is not None and superseded():
+                            break
+                        sent += 1
+                        await mp.send(nursery, sent, filename, start, min(self.part_size, size - start))
+                if sent * self.part_size < size:  # (raised here: not grouped by the nursery)
+                    raise Superseded(f"{what}: given up after {sent} parts")
                 etag = await mp.complete(size, base)
             except BaseException:
                 with trio.CancelScope(shield=True):

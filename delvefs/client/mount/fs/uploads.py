@@ -45,7 +45,7 @@ import trio
 from delvefs.shared.manifests import BATCH_FIELD
 
 from ..cache.cacheentry import CacheEntry
-from ..errors import Changed, FsError, StoreError, store_failure
+from ..errors import Changed, FsError, StoreError, Superseded, store_failure
 from . import rebuild
 from .catalog import ViewCatalog
 from .deletes import DeleteQueue
@@ -96,12 +96,17 @@ class Uploads:
         self.drop_stream(entry)
         self.written.unqueue(entry)
 
-    async def upload(self, entry: CacheEntry) -> bool:
+    async def upload(self, entry: CacheEntry, *, give_way: bool = False) -> bool:
         """Upload a dirty entry as its object, conditional on the version it is based on:
         True when uploaded (or clean already), False when it is a scratch file (its name
         cannot match its view) or a conflict copy. Raises FsError (one log line naming the
         object); the entry then stays dirty and is retried — or, when S3 has another
-        version, is kept as a conflict copy (EIO)."""
+        version, is kept as a conflict copy (EIO). ``give_way`` (the background uploader):
+        a multipart upload of a file nobody wrote when it began is given up when a writer
+        opens the file meanwhile (raises Superseded; its last close queues it again) —
+        a tool that creates a file, closes it and opens it again to write (fio's layout,
+        a header then the body) would otherwise have it uploaded twice, the first time
+        beside its own writes."""
         async with self.entry_lock(entry):
             if not entry.dirty or entry.meta is None:
                 return True
@@ -141,13 +146,18 @@ class Uploads:
                 self.unschedule(entry)
                 return False
             gen = entry.gen
+            superseded = (lambda: bool(entry.writers)) if give_way and not entry.writers else None
             ctype = mimetypes.guess_type(key)[0] or "application/octet-stream"
             started = time.time()
             # a file of a directory being published (publish.py): its batch in its metadata
             metadata = {BATCH_FIELD: meta["batch"]} if meta.get("batch") else None
             try:
                 with self.written.sending(entry):
-                    info = await self._send(entry, size, tags, ctype, base, metadata)
+                    info = await self._send(entry, size, tags, ctype, base, metadata, superseded)
+            except Superseded:
+                log.info("upload of %s/%s given up: opened for writing again (its last close "
+                         "uploads it)", bucket, key)
+                raise
             except StoreError as exc:
                 await self._upload_error(entry, exc, "uploading", bucket, key)
             self.count += 1
@@ -182,7 +192,7 @@ class Uploads:
         raise store_failure(exc, what, bucket, key) from exc
 
     async def _send(self, entry: CacheEntry, size: int, tags: dict, ctype: str,
-                    base: str | None, metadata: dict | None = None) -> dict:
+                    base: str | None, metadata: dict | None = None, superseded=None) -> dict:
         """The upload itself: a file based on a source version and at least a part big is
         rebuilt with its unchanged ranges copied server-side (``rebuild``); else the parts
         sent while the file was written are completed when they fit (same key, tags,
@@ -235,7 +245,8 @@ class Uploads:
                 if st.mp.upload_id is not None or st.sending:
                     await st.abort()
         return await self.store.upload(entry.bucket, entry.key, entry.path, size=size,
-                                       tags=tags, content_type=ctype, base=base, metadata=metadata)
+                                       tags=tags, content_type=ctype, base=base, metadata=metadata,
+                                       superseded=superseded)
 
     async def conflict(self, entry: CacheEntry, reason: str) -> None:
         """S3 has another version of the entry's key than the one it was based on: the
@@ -341,7 +352,9 @@ class Uploads:
 
             async def one(name: str, entry: CacheEntry) -> None:
                 try:
-                    await self.upload(entry)
+                    await self.upload(entry, give_way=True)
+                except Superseded:
+                    pass  # written again: its last close queues it
                 except FsError:
                     pass  # logged, and queued again (or kept as a conflict copy)
                 except Exception:  # noqa: BLE001 — never let the uploader die

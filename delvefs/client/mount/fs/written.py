@@ -46,8 +46,9 @@ The waiting files are kept in the order of their last change (``_waiting``): the
 ``trio.move_on_at``). Sooner: ``Uploads.sync_all``, fsync and ``Uploads.shutdown`` upload
 whatever waits (an fsync that only makes the file durable locally, ``hurry``, ends its
 wait); a directory rename (a publish) uploads its files; past a backlog bound
-(``backlog_files`` files queued or waiting, ``backlog_bytes`` waiting) every waiting file
-goes at once; and a file dirty for ``backlog_age`` already is not held again when it is
+(``backlog_files`` files queued or waiting, ``backlog_bytes`` waiting — the bytes they hold
+on the cache disk: a big file laid out by ftruncate or fallocate and written by a later
+open, as fio does, holds little at its first close) every waiting file goes at once; and a file dirty for ``backlog_age`` already is not held again when it is
 closed (a file rewritten every second still reaches S3).
 
 Sparse dirty files. An existing object opened for writing (without O_TRUNC) is not
@@ -84,6 +85,21 @@ from ..cache.ranges import RangeSet
 from ..cache.rangeslog import RangesLog
 
 log = logging.getLogger(__name__)
+
+# files from this size on count by their allocated blocks in the backlog's bytes
+SPARSE_FROM = 8 << 20
+
+
+def _held_bytes(entry: CacheEntry) -> int:
+    """What a closed file holds on the cache disk: its size, or for a big one its blocks
+    (a stat: never on the path of small files)."""
+    if entry.size < SPARSE_FROM:
+        return entry.size
+    try:
+        return min(entry.size, os.stat(entry.path).st_blocks * 512)
+    except OSError:
+        return entry.size
+
 
 class WrittenFiles:
     """The write side's state of every written file (see the module's docstring)."""
@@ -427,8 +443,9 @@ class WrittenFiles:
                 and self._hurried.get(name) != entry.gen:
             self._pending.pop(name, None)
             due = trio.current_time() + self.write_back
-            self._waiting[name] = (due, entry, entry.size)  # at the end: the last changed
-            self._waiting_bytes += entry.size
+            held = _held_bytes(entry)
+            self._waiting[name] = (due, entry, held)  # at the end: the last changed
+            self._waiting_bytes += held
             # the uploader sleeps until the first wait ends, which is before this one's
             if due < self._wake_at or self._over_bounds():
                 self._kick.set()
