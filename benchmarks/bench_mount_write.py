@@ -2,9 +2,14 @@
 run — pinned to CPU 0 and unpinned (``--cpus``), one table each.
 
     .venv/bin/python -m benchmarks.bench_mount_write [--files 500] [--big-mib 1024] [--skip-s3fs]
-                                                     [--rounds 10] [--only boto3,delvefs,floor,s3fs]
+                                                     [--rounds 10]
+                                                     [--only boto3,delvefs,delvefs-rw,delvefs-off,floor,s3fs]
                                                      [--cpus both|pinned|unpinned]
 
+DelveFS runs as mounted by default (``delvefs``: reads of cached files through FUSE
+passthrough, writes through the mount), with ``-o passthrough=rw`` (``delvefs-rw``: the
+kernel also writes new and truncated files into their cache file; uploaded at close as
+before) and with ``-o passthrough=off`` (``delvefs-off``), side by side in one run.
 Measures (docs/PERFORMANCE.md, "## Mount (write path)"):
   * create + close of empty files, one after the other (``open(O_CREAT|O_TRUNC)`` +
     ``close``: each close uploads) vs boto3 ``put_object`` of empty objects;
@@ -40,7 +45,14 @@ from .bench_mount import BASE, DELVEFS, RESULTS, log, wait_for
 from .mounting import CPU_MODES, FloorMount, add_cpu_option, cpu_mode, cpu_modes
 
 BUCKET = "bench-write"
-PARTS = ("boto3", "delvefs", "floor", "s3fs")
+PARTS = ("boto3", "delvefs", "delvefs-rw", "delvefs-off", "floor", "s3fs")
+# the DelveFS parts: (result name, key prefix of its view, its mount options); the default
+# passes cached reads through to the kernel, rw also the writes of new and truncated files
+DELVE_PARTS = {"delvefs": ("delvefs", "delve", ()),
+               "delvefs-rw": ("delvefs_rw", "delve-rw", ("-o", "passthrough=rw")),
+               "delvefs-off": ("delvefs_off", "delve-off", ("-o", "passthrough=off"))}
+COLUMNS = (("DelveFS", "delvefs"), ("DelveFS passthrough=rw", "delvefs_rw"),
+           ("DelveFS passthrough=off", "delvefs_off"), ("floor", "floor"), ("s3fs", "s3fs"))
 
 
 def create(directory: Path, i: int) -> None:
@@ -80,14 +92,14 @@ def clear_bucket(client):
 
 
 @contextlib.contextmanager
-def delvefs_mount(env, work: Path, handler_url: str):
-    """The DelveFS view directory (view ``w``: keys delve/*)."""
-    views = work / "views-write.yaml"
-    views.write_text(f"w:\n  bucket: {BUCKET}\n  object: \"delve/*\"\n  ttl: 60s\n")
-    mp = work / "delve-mnt"
+def delvefs_mount(env, work: Path, handler_url: str, prefix: str = "delve", options: tuple = ()):
+    """The DelveFS view directory (view ``w``: keys PREFIX/*) of a mount with ``options``."""
+    views = work / f"views-{prefix}.yaml"
+    views.write_text(f"w:\n  bucket: {BUCKET}\n  object: \"{prefix}/*\"\n  ttl: 60s\n")
+    mp = work / f"{prefix}-mnt"
     mp.mkdir()
-    r = subprocess.run([DELVEFS, "mount", str(views), str(mp), "--cache-dir", str(work / "delve-cache"),
-                        "--handler", handler_url], env=env, capture_output=True, text=True)
+    r = subprocess.run([DELVEFS, "mount", str(views), str(mp), "--cache-dir", str(work / f"{prefix}-cache"),
+                        "--handler", handler_url, *options], env=env, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(r.stderr)
     try:
@@ -159,9 +171,10 @@ def big_write(client, dirs: dict[str, Path], work: Path, src: Path, res: dict, p
     for name, d in dirs.items():
         res[f"{name}_dd_s"] = dd(src, d / "big.bin")
         log(f"{name}: dd {res[f'{name}_dd_s']:.2f} s")
-    if "delvefs" in dirs:
-        head = client.head_object(Bucket=BUCKET, Key="delve/big.bin")
-        assert head["ContentLength"] == src.stat().st_size
+    for name, prefix, _ in DELVE_PARTS.values():
+        if name in dirs:
+            head = client.head_object(Bucket=BUCKET, Key=f"{prefix}/big.bin")
+            assert head["ContentLength"] == src.stat().st_size, name
 
 
 def big_copy(client, dirs: dict[str, Path], res: dict, parts) -> None:
@@ -177,41 +190,45 @@ def big_copy(client, dirs: dict[str, Path], res: dict, parts) -> None:
         subprocess.run(["cp", str(d / "big.bin"), str(d / "big-copy.bin")], check=True)
         res[f"{name}_cp_s"] = time.perf_counter() - t
         log(f"{name}: cp {res[f'{name}_cp_s']:.2f} s")
-    if "delvefs" in dirs:
-        head = client.head_object(Bucket=BUCKET, Key="delve/big-copy.bin")
-        assert head["ContentLength"] == (dirs["delvefs"] / "big.bin").stat().st_size
+    for name, prefix, _ in DELVE_PARTS.values():
+        if name in dirs:
+            head = client.head_object(Bucket=BUCKET, Key=f"{prefix}/big-copy.bin")
+            assert head["ContentLength"] == (dirs[name] / "big.bin").stat().st_size, name
 
 
 def table(res: dict) -> str:
+    """One row per operation: the reference, each file system run, each DelveFS variant's
+    speed over the reference (above 1: faster), DelveFS's over the floor's and s3fs's."""
     mib = res["big_mib"]
+    cols = [(label, name) for label, name in COLUMNS if any(k.startswith(name + "_") for k in res)]
+    delves = [(label, name) for label, name in cols if name.startswith("delvefs")]
     rows = []
 
-    def row(what, ref, target, delve, floor, s3fs, unit, higher_better=True):
+    def row(what, ref_key, target, key, unit, higher_better=True):
+        def value(name):
+            v = res.get(f"{name}_{key}") if name else res.get(ref_key)
+            return None if v is None else (mib / v if unit == "MiB/s" else v)
+
         def fmt(v):
             return "—" if v is None else (f"{v:.0f} {unit}" if unit != "s" else f"{v:.2f} s")
 
-        def speed(other):  # DelveFS's speed over the other's (above 1: DelveFS is faster)
-            if delve is None or other is None:
-                return None
-            return delve / other if higher_better else other / delve
-        ratio, vfloor, vs3 = speed(ref), speed(floor), speed(s3fs)
-        rows.append(f"| {what} | {fmt(ref)} | {fmt(delve)} | {fmt(floor)} | {fmt(s3fs)} | "
-                    f"{'—' if ratio is None else f'{ratio:.2f}×'} (≥ {target}×) | "
-                    f"{'—' if vfloor is None else f'{vfloor:.2f}×'} | "
-                    f"{'—' if vs3 is None else f'{vs3:.1f}×'} |")
-    row("create + close, empty files", res.get("boto3_put_per_s"), 0.7, res.get("delvefs_create_per_s"),
-        res.get("floor_create_per_s"), res.get("s3fs_create_per_s"), "/s")
-    row("unlink", res.get("boto3_delete_per_s"), 0.7, res.get("delvefs_unlink_per_s"),
-        res.get("floor_unlink_per_s"), res.get("s3fs_unlink_per_s"), "/s")
-    thr = {k: (mib / res[k] if res.get(k) else None)
-           for k in ("boto3_write_upload_s", "delvefs_dd_s", "floor_dd_s", "s3fs_dd_s")}
-    row(f"dd {mib} MiB bs=1M + close", thr["boto3_write_upload_s"], 0.8, thr["delvefs_dd_s"],
-        thr["floor_dd_s"], thr["s3fs_dd_s"], "MiB/s")
-    row(f"cp {mib} MiB inside the mount (reference: one CopyObject)", res.get("boto3_copy_s"), 0.9,
-        res.get("delvefs_cp_s"), res.get("floor_cp_s"), res.get("s3fs_cp_s"), "s", higher_better=False)
-    head = ("| operation | reference (boto3) | DelveFS | floor | s3fs | DelveFS / reference (target) "
-            "| DelveFS / floor | DelveFS / s3fs |\n|---|---|---|---|---|---|---|---|")
-    return head + "\n" + "\n".join(rows)
+        def speed(mine, other):  # the first's speed over the other's (above 1: it is faster)
+            if mine is None or other is None:
+                return "—"
+            return f"{(mine / other if higher_better else other / mine):.2f}×"
+        ref, delve = value(None), value("delvefs")
+        cells = [fmt(ref)] + [fmt(value(name)) for _, name in cols]
+        cells += [speed(value(name), ref) + (f" (≥ {target}×)" if name == "delvefs" else "") for _, name in delves]
+        cells += [speed(delve, value("floor")), speed(delve, value("s3fs"))]
+        rows.append(f"| {what} | " + " | ".join(cells) + " |")
+    row("create + close, empty files", "boto3_put_per_s", 0.7, "create_per_s", "/s")
+    row("unlink", "boto3_delete_per_s", 0.7, "unlink_per_s", "/s")
+    row(f"dd {mib} MiB bs=1M + close", "boto3_write_upload_s", 0.8, "dd_s", "MiB/s")
+    row(f"cp {mib} MiB inside the mount (reference: one CopyObject)", "boto3_copy_s", 0.9, "cp_s", "s",
+        higher_better=False)
+    head = ("| operation | reference (boto3) | " + " | ".join(label for label, _ in cols) + " | "
+            + " | ".join(f"{label} / reference" for label, _ in delves) + " | DelveFS / floor | DelveFS / s3fs |")
+    return head + "\n|" + "---|" * (head.count("|") - 1) + "\n" + "\n".join(rows)
 
 
 def main(argv=None) -> int:
@@ -253,8 +270,10 @@ def main(argv=None) -> int:
                 here.mkdir()
                 with cpu_mode(mode), contextlib.ExitStack() as mounts:
                     dirs = {}
-                    if "delvefs" in parts:
-                        dirs["delvefs"] = mounts.enter_context(delvefs_mount(env, here, handler.url))
+                    for part, (name, prefix, options) in DELVE_PARTS.items():
+                        if part in parts:
+                            dirs[name] = mounts.enter_context(delvefs_mount(env, here, handler.url,
+                                                                            prefix, options))
                     if "floor" in parts:
                         dirs["floor"] = mounts.enter_context(FloorMount(here / "floor-mnt"))
                     if "s3fs" in parts:

@@ -25,6 +25,9 @@ its run of the same CPU mode, else the one it has).
 ``--eager-opts OPTS`` mounts the eager part with ``-o OPTS`` (``passthrough=rw``: the kernel
 writes the files itself instead of through its writeback cache; compare with the floor
 without it). The tar is built once and cached in ~/.cache/delvefs/bench-tree/.
+After the tables, where the CPU went (benchmarks/cpusplit.py) during boto3's PUTs and
+during the eager untar + sync: the mount, MinIO, RabbitMQ, the handler, the rest, and how
+busy the machine was — an untar + sync that keeps both CPUs busy is bound by their sum.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from delvefs.devtools.localservices import LocalServices
 from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .bench_mount import DELVEFS, RESULTS, log, wait_for
+from .cpusplit import cpu_snapshot, cpu_split, describe
 from .mounting import CPU_MODES, FloorMount, add_cpu_option, cpu_mode, cpu_modes, mount_s3fs
 
 BASE = Path(os.environ.get("DELVEFS_BENCH_TREE_DIR", Path.home() / ".cache/delvefs/bench-tree"))
@@ -125,10 +129,11 @@ def bench_boto3(client, work: Path, tar: Path, res: dict) -> None:
     subprocess.run(["tar", "-x", "-f", str(tar), "-C", str(src)], check=True)
     files = sorted(p for p in src.rglob("*") if p.is_file())
     keys = [f"boto3/{p.relative_to(src)}" for p in files]
-    t = time.perf_counter()
+    before, t = cpu_snapshot(), time.perf_counter()
     for p, k in zip(files, keys):
         client.put_object(Bucket=BUCKET, Key=k, Body=p.read_bytes())
     res["boto3_put_s"] = time.perf_counter() - t
+    res["boto3_put_cpu"] = cpu_split(before, cpu_snapshot())
     t = time.perf_counter()
     for k in keys:
         client.get_object(Bucket=BUCKET, Key=k)["Body"].read()
@@ -191,10 +196,13 @@ class Delve:
         if r.returncode:
             raise RuntimeError(f"delvefs umount: {r.stderr}")
 
-    def sync(self) -> tuple[float, float]:
+    def sync(self, when_in_s3=None) -> tuple[float, float]:
         """(seconds until S3 has everything: ``sync --no-wait-handler``, then seconds more
-        until the handler has it too: a plain ``sync``, what a mount started next relies on)."""
+        until the handler has it too: a plain ``sync``, what a mount started next relies on);
+        ``when_in_s3()`` between the two."""
         s3 = timed(DELVEFS, "sync", "--no-wait-handler", str(self.mountpoint), env=self.env)
+        if when_in_s3 is not None:
+            when_in_s3()
         return s3, timed(DELVEFS, "sync", str(self.mountpoint), env=self.env)
 
 
@@ -215,8 +223,11 @@ def bench_strict(delve: Delve, client, tar: Path, res: dict) -> None:
 def bench_eager(delve: Delve, client, tar: Path, res: dict, opts: tuple = ()) -> None:
     mp = delve.mount("--eager", *opts)
     try:
+        before = cpu_snapshot()
+
         def remount():
-            res["eager_sync_s"], res["eager_sync_handler_s"] = delve.sync()
+            res["eager_sync_s"], res["eager_sync_handler_s"] = delve.sync(
+                lambda: res.update(eager_untar_sync_cpu=cpu_split(before, cpu_snapshot())))
             res["eager_untar_sync_s"] = res["eager_untar_s"] + res["eager_sync_s"]
             log(f"eager: + sync {res['eager_sync_s']:.2f} s (the handler: {res['eager_sync_handler_s']:.2f} s more)")
             uploaded = count_keys(client, "eager/")
@@ -457,6 +468,9 @@ def main(argv=None) -> int:
         print(table(results[mode], baseline))
         print()
         print(ratio_table(results[mode]))
+        for what, key in (("boto3's PUTs", "boto3_put_cpu"), ("eager untar + sync", "eager_untar_sync_cpu")):
+            if results[mode].get(key):
+                print(f"\n{what}: {describe(results[mode][key])}")
     if args.plot:
         plot(results[modes[-1]], baseline, Path(args.plot))
     return 0

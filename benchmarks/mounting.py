@@ -1,6 +1,7 @@
 """What the mount benchmarks compare with and how they run: s3fs-fuse on the benchmark's
 MinIO; the floor (benchmarks/floorfs.py: a pyfuse3 file system that does nothing, mounted
-as a DelveFS mount is); the CPU modes — pinned to one CPU or not."""
+as a DelveFS mount is) and the pass-through floor (benchmarks/pipeline/passfs.py: the same,
+passing every request on to a local directory); the CPU modes — pinned to one CPU or not."""
 from __future__ import annotations
 
 import contextlib
@@ -63,6 +64,23 @@ class FloorMount:
 
     def __exit__(self, *exc) -> None:
         self.umount()
+
+
+class PassMount(FloorMount):
+    """benchmarks/pipeline/passfs.py over ``source`` at ``mountpoint`` (FloorMount's unmount)."""
+
+    def __init__(self, source: Path, mountpoint: Path, *options: str):
+        super().__init__(mountpoint, *options)
+        self.source = source
+
+    def mount(self) -> Path:
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.pipeline.passfs", str(self.source),
+                                      str(self.mountpoint), *self.options], cwd=FLOORFS.parent.parent,
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.wait(30)
+            raise RuntimeError(f"passfs at {self.mountpoint} exited with {self.proc.returncode}")
+        return self.mountpoint
 
 
 def add_cpu_option(ap) -> None:
