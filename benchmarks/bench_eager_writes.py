@@ -234,6 +234,12 @@ def table(res: dict) -> str:
         lines.append(f"| {what}, until fio exits (as fio measures), median of {len(res[f'eager_fio_{load}'])} | "
                      + " | ".join(cells) + " |")
         lines.append(f"| speed ÷ local disk ({load} fio; ÷ its local partners) | " + " | ".join(ratios) + " |")
+        best = max((r["mbs"] for r in local_runs if r["mbs"] is not None), default=None)
+        at_best = ["1.00×" if best else "—"]
+        for c in columns:
+            v = fio_median(res.get(f"{c}_fio_{load}", []), "mbs")
+            at_best.append("—" if v is None or not best else f"{v / best:.2f}×")
+        lines.append(f"| speed ÷ the local disk's fastest run ({load} fio, until exit) | " + " | ".join(at_best) + " |")
     lines.append("\n\\* the pass-through floor (benchmarks/pipeline/passfs.py, writeback cache): "
                  "the floor keeps no bytes, dbench needs them")
     return "\n".join(lines)
