@@ -323,12 +323,14 @@ async def test_eager_fsync_waits_for_the_upload(make_world):
     await w.close(fh)
 
 
-@pytest.mark.parametrize("big", [True, False])
-async def test_a_background_upload_gives_way_to_a_writer_that_opens_the_file_again(make_world, big):
+@pytest.mark.parametrize("big, closed_before", [(True, False), (True, True), (False, False)])
+async def test_a_background_upload_gives_way_to_a_writer_that_opens_the_file_again(
+        make_world, big, closed_before):
     # fio lays its file out (create, size, close), then opens it again to write it: a
     # multipart upload begun at the first close is given up before its next part once the
-    # file is open for writing again (no failure, no retry delay), and the last close
-    # uploads what was written; a one-PUT upload is not (it is sent whole, or not at all)
+    # file is open for writing again, or was written and closed again meanwhile (no
+    # failure, no retry delay), and the last close uploads what was written; a one-PUT
+    # upload is not (it is sent whole, or not at all)
     w = await eager_world(make_world, write_back=0)
     w.store.part_size = 1024 if big else 1 << 20
     first, second = b"a" * 4096, b"b" * 4096
@@ -340,20 +342,26 @@ async def test_a_background_upload_gives_way_to_a_writer_that_opens_the_file_aga
             await called.wait()                       # the upload of the first close runs
         entry = w.cache.get("b", "data/f")
         fh, _ = await w.open_write("v/f", os.O_RDWR)  # opened again, before a part went
+        if closed_before:
+            await w.fs.write(fh, 0, second)
+            await w.close(fh)                          # ... written and closed, too
         release.set()
         with trio.fail_after(10):
             while w.fs.written.upload_state(entry)[0] == "uploading":
                 await trio.sleep(0.005)
-        await w.fs.write(fh, 0, second)
-        if big:
+        if not closed_before:
+            await w.fs.write(fh, 0, second)
+        if big and not closed_before:
             assert w.obj("v", "data/f") is None        # given up: nothing in S3
             assert w.fs.written.upload_state(entry)[0] != "failed"
-        else:
+        elif not big:
             assert w.obj("v", "data/f")["data"] == first
-        await w.close(fh)
+        if not closed_before:
+            await w.close(fh)
         with trio.fail_after(10):
-            while w.obj("v", "data/f") is None or w.obj("v", "data/f")["data"] != second:
+            while entry.dirty or queued(w):            # every upload there is to be is done
                 await trio.sleep(0.005)
+        assert w.obj("v", "data/f")["data"] == second
         assert [u["data"] for u in w.store.uploaded] == ([] if big else [first]) + [second]
         nursery.cancel_scope.cancel()
 

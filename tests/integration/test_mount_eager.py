@@ -165,6 +165,34 @@ def test_fsync_in_an_eager_mount_uploads_by_default(mounts, s3, bucket):
     assert r.returncode == 0 and "writes: eager, fsync=upload" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_big_file_opened_again_while_its_upload_runs_is_uploaded_once_as_written(
+        mounts, s3, bucket):
+    # fio lays its file out (created, sized by ftruncate, closed) and opens it again to write
+    # it: the background upload begun at the first close gives way to the writer (no
+    # failure, no retry delay) and S3 gets what the last close left
+    mp = mounts.mount(data_views(bucket), "--eager", "-o", "write_back=0")
+    path = mp / "data/big.bin"
+    size = 320 << 20                   # 40 parts: the first 10 go at once, the rest as they end
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+    def state() -> bytes | None:
+        try:
+            return os.getxattr(path, "user.delvefs.upload")
+        except OSError:
+            return None
+    wait_until(lambda: state() == b"uploading", what="the upload of the first close")
+    with open(path, "r+b") as f:                       # opened again while it goes
+        f.write(b"second" * 1000)
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert get(s3, bucket, "data/big.bin") == b"second" * 1000 + bytes(size - 6000)
+    assert state() is None and not conflict_copies(mp / "data", "big.bin")
+    log = (mounts.tmp / f"cache-{mounts.count}" / "mount.log").read_text()
+    assert " ERROR " not in log and "failed" not in log, log[-2000:]
+    assert "data/big.bin given up: written again" in log, log[-2000:]
+
+
 def journal_records(cache) -> dict[str, dict]:
     """key -> journal record of a mount's cache directory."""
     import json

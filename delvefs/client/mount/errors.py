@@ -80,9 +80,9 @@ class Changed(StoreError):
 
 
 class Superseded(StoreError):
-    """A background upload gave way: a writer opened the file while its parts went (what
-    they carried is not what the file will be); the parts are aborted and the file's last
-    close queues it again."""
+    """A background upload gave way: the file was opened for writing or changed while its
+    parts went (what they carried is not what the file will be); the parts are aborted and
+    the file's last close queues it again."""
 
     def __init__(self, message: str):
         super().__init__(errno.EAGAIN, message)

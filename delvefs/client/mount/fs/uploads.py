@@ -102,11 +102,12 @@ class Uploads:
         cannot match its view) or a conflict copy. Raises FsError (one log line naming the
         object); the entry then stays dirty and is retried — or, when S3 has another
         version, is kept as a conflict copy (EIO). ``give_way`` (the background uploader):
-        a multipart upload of a file nobody wrote when it began is given up when a writer
-        opens the file meanwhile (raises Superseded; its last close queues it again) —
-        a tool that creates a file, closes it and opens it again to write (fio's layout,
-        a header then the body) would otherwise have it uploaded twice, the first time
-        beside its own writes."""
+        a multipart upload of a file nobody wrote when it began is given up when the file
+        is opened for writing or changed meanwhile (raises Superseded; the close that
+        follows, or the one that came, queues it again) — a tool that creates a file,
+        closes it and opens it again to write (fio's layout, a header then the body) would
+        otherwise have it uploaded twice, the first time beside its own writes (a changed
+        file is uploaded again after an upload of what it was anyway)."""
         async with self.entry_lock(entry):
             if not entry.dirty or entry.meta is None:
                 return True
@@ -146,7 +147,8 @@ class Uploads:
                 self.unschedule(entry)
                 return False
             gen = entry.gen
-            superseded = (lambda: bool(entry.writers)) if give_way and not entry.writers else None
+            superseded = (lambda: bool(entry.writers) or entry.gen != gen) \
+                if give_way and not entry.writers else None
             ctype = mimetypes.guess_type(key)[0] or "application/octet-stream"
             started = time.time()
             # a file of a directory being published (publish.py): its batch in its metadata
@@ -155,8 +157,8 @@ class Uploads:
                 with self.written.sending(entry):
                     info = await self._send(entry, size, tags, ctype, base, metadata, superseded)
             except Superseded:
-                log.info("upload of %s/%s given up: opened for writing again (its last close "
-                         "uploads it)", bucket, key)
+                log.info("upload of %s/%s given up: written again (its last close uploads it)",
+                         bucket, key)
                 raise
             except StoreError as exc:
                 await self._upload_error(entry, exc, "uploading", bucket, key)
@@ -354,7 +356,7 @@ class Uploads:
                 try:
                     await self.upload(entry, give_way=True)
                 except Superseded:
-                    pass  # written again: its last close queues it
+                    pass  # written again: its last close queues it (or queued it)
                 except FsError:
                     pass  # logged, and queued again (or kept as a conflict copy)
                 except Exception:  # noqa: BLE001 — never let the uploader die
