@@ -239,7 +239,8 @@ def table(res: dict) -> str:
         for c in columns:
             v = fio_median(res.get(f"{c}_fio_{load}", []), "mbs")
             at_best.append("—" if v is None or not best else f"{v / best:.2f}×")
-        lines.append(f"| speed ÷ the local disk's fastest run ({load} fio, until exit) | " + " | ".join(at_best) + " |")
+        lines.append(f"| speed ÷ the local disk's fastest run ({load} fio, until exit) | "
+                     + " | ".join(at_best) + " |")
     lines.append("\n\\* the pass-through floor (benchmarks/pipeline/passfs.py, writeback cache): "
                  "the floor keeps no bytes, dbench needs them")
     return "\n".join(lines)

@@ -48,8 +48,9 @@ whatever waits (an fsync that only makes the file durable locally, ``hurry``, en
 wait); a directory rename (a publish) uploads its files; past a backlog bound
 (``backlog_files`` files queued or waiting, ``backlog_bytes`` waiting — the bytes they hold
 on the cache disk: a big file laid out by ftruncate or fallocate and written by a later
-open, as fio does, holds little at its first close) every waiting file goes at once; and a file dirty for ``backlog_age`` already is not held again when it is
-closed (a file rewritten every second still reaches S3).
+open, as fio does, holds little at its first close) every waiting file goes at once; and a
+file dirty for ``backlog_age`` already is not held again when it is closed (a file
+rewritten every second still reaches S3).
 
 Sparse dirty files. An existing object opened for writing (without O_TRUNC) is not
 downloaded: the entry's file is a sparse file of the object's size, ``present`` holds
