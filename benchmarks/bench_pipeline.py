@@ -564,29 +564,26 @@ def table(runs: list[dict], opts: str) -> str:
 
 
 def summary_table(results: dict, modes: list[str], variants: list[str], opts: str) -> str:
-    """The median total of each variant and its ratio to the baseline's, per CPU mode."""
+    """The median total of each variant and its ratio to the baseline's, per CPU mode; after
+    the baseline, the ceiling: its workflow phase alone (a file system that cost nothing)."""
     head = "| variant | " + " | ".join(f"{m}: median total | {m}: ratio" for m in modes) + " |"
     lines = [head, "|---|" + "---|---|" * len(modes)]
-    med = {}
-    for m in modes:
-        for v in variants:
-            t = [r["total_s"] for r in results[m] if r["variant"] == v and "total_s" in r and "error" not in r]
-            med[m, v] = statistics.median(t) if t else None
-    for v in variants:
+
+    def median(m: str, v: str, phase: str) -> float | None:
+        t = [r[phase] for r in results[m] if r["variant"] == v and phase in r and "error" not in r]
+        return statistics.median(t) if t else None
+
+    def row(name: str, v: str, phase: str) -> str:
         cells = []
         for m in modes:
-            t, b = med[m, v], med[m, "local"] if "local" in variants else None
+            t, b = median(m, v, phase), median(m, "local", "total_s") if "local" in variants else None
             cells += ["—" if t is None else f"{t:.2f} s", "—" if t is None or b is None else f"{b / t:.2f}"]
-        lines.append(f"| {label(v, opts)} | " + " | ".join(cells) + " |")
-        if v == "local":  # what a file system that costs nothing could reach: no staging at all
-            cells = []
-            for m in modes:
-                w = [r["workflow_s"] for r in results[m] if r["variant"] == v and "workflow_s" in r
-                     and "error" not in r]
-                t, b = (statistics.median(w) if w else None), med[m, "local"]
-                cells += ["—" if t is None else f"{t:.2f} s", "—" if t is None or b is None else f"{b / t:.2f}"]
-            lines.append("| ceiling: the baseline's workflow alone (a mount that costs nothing) | "
-                         + " | ".join(cells) + " |")
+        return f"| {name} | " + " | ".join(cells) + " |"
+    for v in variants:
+        lines.append(row(label(v, opts), v, "total_s"))
+        if v == "local":
+            lines.append(row("ceiling: the baseline's workflow alone (a mount that costs nothing)",
+                             v, "workflow_s"))
     return "\n".join(lines)
 
 

@@ -39,17 +39,22 @@ def mount_s3fs(env: dict, work: Path, bucket: str, mountpoint: Path, timeout: fl
 class FloorMount:
     """The floor file system at ``mountpoint``, started with ``options`` (floorfs.py's)."""
 
+    name = "floorfs"
+
     def __init__(self, mountpoint: Path, *options: str):
         self.mountpoint, self.options, self.proc = mountpoint, options, None
         mountpoint.mkdir(parents=True, exist_ok=True)
 
+    def command(self) -> list[str]:
+        return [sys.executable, str(FLOORFS), str(self.mountpoint), *self.options]
+
     def mount(self) -> Path:
         """Returns once the floor answers requests (as ``delvefs mount`` returns)."""
-        self.proc = subprocess.Popen([sys.executable, str(FLOORFS), str(self.mountpoint), *self.options],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(self.command(), cwd=FLOORFS.parent.parent, stdout=subprocess.PIPE,
+                                     text=True)
         if self.proc.stdout.readline().strip() != "ready":
             self.proc.wait(30)
-            raise RuntimeError(f"floorfs at {self.mountpoint} exited with {self.proc.returncode}")
+            raise RuntimeError(f"{self.name} at {self.mountpoint} exited with {self.proc.returncode}")
         return self.mountpoint
 
     def umount(self) -> None:
@@ -69,18 +74,15 @@ class FloorMount:
 class PassMount(FloorMount):
     """benchmarks/pipeline/passfs.py over ``source`` at ``mountpoint`` (FloorMount's unmount)."""
 
+    name = "passfs"
+
     def __init__(self, source: Path, mountpoint: Path, *options: str):
         super().__init__(mountpoint, *options)
         self.source = source
 
-    def mount(self) -> Path:
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.pipeline.passfs", str(self.source),
-                                      str(self.mountpoint), *self.options], cwd=FLOORFS.parent.parent,
-                                     stdout=subprocess.PIPE, text=True)
-        if self.proc.stdout.readline().strip() != "ready":
-            self.proc.wait(30)
-            raise RuntimeError(f"passfs at {self.mountpoint} exited with {self.proc.returncode}")
-        return self.mountpoint
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.pipeline.passfs", str(self.source), str(self.mountpoint),
+                *self.options]
 
 
 def add_cpu_option(ap) -> None:
