@@ -213,6 +213,7 @@ class LagMonitor(threading.Thread):
 
 class Consumer(threading.Thread):
     kind = "amqp"  # the event source, as /healthz and /v1/status name it
+    OUTAGE_SETTLE = 3.0  # s after a broker outage before the queue is fenced and buckets reconciled
 
     def __init__(self, url: str, exchange: str, engine, metrics, *, queue: str | None = None,
                  prefetch: int = 4000, max_batch: int = 2000, on_fatal=None, sharding=None,
@@ -321,12 +322,22 @@ class Consumer(threading.Thread):
         """While this handler could not reach the broker, MinIO most likely could not either,
         and without a queue dir it dropped those events (publisher confirms make it log them,
         not keep them): re-list the tracked buckets now rather than at the next periodic
-        reconcile."""
+        reconcile — once the events that did come (MinIO's queue dir, other publishers
+        retrying) are applied: after ``OUTAGE_SETTLE`` seconds and a fence through the
+        queue, so that the repairs counted are the events that were lost, not late."""
         log.warning("the broker was unreachable for %.1f s: reconciling the tracked buckets "
-                    "(events MinIO could not publish meanwhile)", seconds)
+                    "once the queue is drained (events MinIO could not publish meanwhile)", seconds)
 
         def reconcile() -> None:
             try:
+                if self._stopping.wait(self.OUTAGE_SETTLE):
+                    return
+                drained = threading.Event()
+                passed = drained.set
+                if self.request_fence(passed) and not drained.wait(60):
+                    self.drop_fence(passed)
+                if self._stopping.is_set():
+                    return
                 self.engine.reconcile()
             except Exception:  # the engine logs what failed; stopping also ends up here
                 if not self._stopping.is_set():

@@ -75,20 +75,22 @@ class Committer:
         self.cache.clear()
 
     def finalize(self, work: dict, log_changes: bool = True, now: float | None = None,
-                 extra=None) -> None:
+                 extra=None) -> int:
         """Match, diff and write the records in ``work`` ({(bucket,key): [old, new]}; entries
         with new is old are unchanged) in one WriteBatch, with what ``extra(wb)`` adds; then
-        publish versions, start the fetches owed, schedule flips and notify.
+        publish versions, start the fetches owed, schedule flips and notify. Returns how many
+        of the records changed what some view shows (change-log entries written).
 
         ``_match`` decides which records wait for a fetch; ``_diff`` puts the records, the
         membership index and the change log in the batch; ``_commit`` writes it."""
         now = time.time() if now is None else now
         todo = [(bk, w[0], w[1]) for bk, w in work.items() if w[1] is not w[0]]
         if not todo and not extra:
-            return
+            return 0
         bitmaps, flips = self._match(todo, now)
-        wb, touched, new_groups = self._diff(todo, bitmaps, log_changes)
+        wb, touched, new_groups, logged = self._diff(todo, bitmaps, log_changes)
         self._commit(wb, todo, touched, new_groups, flips, extra, now)
+        return logged
 
     def _match(self, todo: list, now: float) -> tuple[list, list]:
         """(the slots bitmap of each record of ``todo``, the (bucket, key, index) of those
@@ -177,7 +179,8 @@ class Committer:
 
         Membership and change entries of a group with a view listing property values carry
         the record's values of the properties its views list (records.py); a change of them
-        is a change (logged) even when nothing else changed."""
+        is a change (logged) even when nothing else changed. The fourth value: how many
+        change-log entries were written."""
         layout_buckets, listed_names = self.catalog.layout_buckets, self.catalog.listed_names
         wb = self.store.batch()
         put, delete = wb.put, wb.delete
@@ -185,6 +188,7 @@ class Committer:
         buckets = self.catalog.buckets
         cprefixes: dict = {}
         new_groups = []
+        logged = 0
         for ((bucket, key), old, new), slots in zip(todo, bitmaps):
             flags = new[OBJ_FLAGS]
             old_slots = old[OBJ_SLOTS] if old is not None else b""
@@ -203,6 +207,7 @@ class Committer:
                 deleted = flags & DELETED
                 if slots != old_slots or (slots and (old_deleted or listed_fields_differ(old, new))) \
                         or (deleted and not old_deleted and ever) or props_changed:
+                    logged += 1
                     bs = buckets[bucket]
                     v = bs.version = bs.version + 1
                     touched.add(bucket)
@@ -226,7 +231,7 @@ class Committer:
                 put(k_tagwait(bucket, key), pack_tagwait(new[OBJ_SEQ]))
             elif old is not None and old[OBJ_FLAGS] & TAGS_PENDING:
                 delete(k_tagwait(bucket, key))
-        return wb, touched, new_groups
+        return wb, touched, new_groups, logged
 
     def _commit(self, wb, todo: list, touched: set, new_groups: list, flips: list, extra,
                 now: float) -> None:

@@ -99,6 +99,7 @@ from .apply import Committer, EventApplier
 from .jobs import Background, FlipScheduler, TagFetcher
 from .publish import DEFAULT_PUBLISH_TIMEOUT, BatchPublisher
 from .scans import Scanner
+from .storewatch import DEFAULT_EVENTS_WAIT, DEFAULT_PROBE_INTERVAL, DEFAULT_SETTLE, StoreWatch
 from .tracking import (READY, SCANNING, BucketState, Catalog, ViewInfo, bucket_base_version,
                        bucket_glob_message, bucket_is_glob)
 
@@ -351,7 +352,9 @@ class Engine:
     def __init__(self, store: st.Store, metrics, s3, *,
                  s3_workers: int = 16, job_workers: int = 2, reconcile_interval: float = 0.0,
                  tombstone_horizon: float = 86400.0, view_ttl: float = DEFAULT_VIEW_TTL,
-                 publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT, on_storage_error=None):
+                 publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT, on_storage_error=None,
+                 store_probe_interval: float = DEFAULT_PROBE_INTERVAL,
+                 store_settle: float = DEFAULT_SETTLE, store_events_wait: float = DEFAULT_EVENTS_WAIT):
         started = time.time()
         self.store = store
         self.metrics = metrics
@@ -374,6 +377,12 @@ class Engine:
                                reconcile_interval=reconcile_interval, tombstone_horizon=tombstone_horizon)
         self.views = Views(lock, store, self.catalog, self.scanner, self.flips, self.background,
                            view_ttl=view_ttl, started=started)
+        # outages and restarts of the object store, repaired by reconciles (storewatch.py);
+        # only a reader that can probe (tests' fakes of the four listing methods cannot)
+        self.store_watch = StoreWatch(
+            s3, self._ready_buckets, self.scanner.reconcile, metrics, self.background.stopping,
+            interval=store_probe_interval, settle=store_settle,
+            events_wait=store_events_wait) if hasattr(s3, "probe") else None
 
     def start(self) -> None:
         """Start the background threads and resume unfinished work (scans, rematches, tags)."""
@@ -382,6 +391,8 @@ class Engine:
         spawn("flips", self.flips.run, self.applier.apply_flips)
         spawn("reconcile", self.scanner.run_reconciles)
         spawn("publish", self.publisher.run)
+        if self.store_watch is not None:
+            spawn("store-watch", self.store_watch.run)
         self.views.resume()
         if self.views.view_ttl > 0:
             spawn("views", self.views.run_sweeps)
@@ -389,8 +400,13 @@ class Engine:
         if self.catalog.time_buckets:
             self.background.submit(self.flips.schedule_all)
 
+    def _ready_buckets(self) -> list[str]:
+        return sorted(b for b, bs in self.catalog.buckets.items() if bs.state == READY)
+
     def close(self) -> None:
         self.background.stop()
+        if self.store_watch is not None:
+            self.store_watch.wake()
         self.flips.wake()
         self.tags.wake()
         self.jobs.shutdown(wait=True, cancel_futures=True)
@@ -466,6 +482,10 @@ class Engine:
 
     def reconcile(self, bucket: str | None = None) -> dict:
         return self.scanner.reconcile(bucket)
+
+    def check_keys(self, bucket: str, keys: list[str]) -> dict:
+        """Ask S3 for each key and repair the records that disagree (``Scanner.check_keys``)."""
+        return self.scanner.check_keys(bucket, keys)
 
     def compact(self, bucket: str, horizon: float | None = None) -> int:
         return self.scanner.compact(bucket, horizon)

@@ -40,7 +40,14 @@ manifest never came are shown as they are; default 3600, eventhandler/publish.py
 ``--shard``: this handler is that shard of the map in ``--shard-map`` / $DELVEFS_HANDLER_URL,
 eventhandler/sharding.py), ``DELVEFS_AMQP_QUORUM`` (or ``--quorum-queue``); for the SQS source
 ``DELVEFS_SQS_POLLERS`` and ``DELVEFS_SQS_VISIBILITY`` (eventhandler/sqs.py);
-``DELVEFS_SCAN_LOG_INTERVAL`` (seconds between a listing's progress lines; default 5). Under systemd
+``DELVEFS_SCAN_LOG_INTERVAL`` (seconds between a listing's progress lines; default 5);
+``DELVEFS_STORE_PROBE_INTERVAL`` (seconds between probes of the object store; default 2, 0 =
+none) and ``DELVEFS_STORE_SETTLE`` (seconds the store must answer again before the tracked
+buckets are reconciled after its outage or restart; default 3; eventhandler/storewatch.py),
+``DELVEFS_STORE_EVENTS_WAIT`` (seconds that repair waits at most for the store's events to
+flow again; default 30),
+``DELVEFS_WAIT_CHECK_AFTER`` (seconds a key a mount waits for may be missing before S3 is
+asked for it; default 2). Under systemd
 (``Type=notify``) it sends ``READY=1`` once its API answers (active or standing by) and
 ``STOPPING=1`` when it stops (delvefs.shared.sdnotify).
 """
@@ -140,6 +147,7 @@ def run(args) -> int:
     from .api import Api
     from .auth import GRANTS_FILE, Authenticator, Grants, listen_is_loopback, principals_path, tls_context
     from .engine import DEFAULT_VIEW_TTL, Engine
+    from .storewatch import DEFAULT_EVENTS_WAIT, DEFAULT_PROBE_INTERVAL, DEFAULT_SETTLE
     from .groups import Groups
     from .metrics import Metrics
     from .publish import DEFAULT_PUBLISH_TIMEOUT
@@ -202,7 +210,12 @@ def run(args) -> int:
         reader = BucketReader.from_settings(config.S3Settings.from_env())
         engine = Engine(store, metrics, reader, reconcile_interval=interval,
                         tombstone_horizon=horizon, view_ttl=view_ttl,
-                        publish_timeout=publish_timeout, on_storage_error=stop_for)
+                        publish_timeout=publish_timeout, on_storage_error=stop_for,
+                        store_probe_interval=float(os.environ.get("DELVEFS_STORE_PROBE_INTERVAL")
+                                                   or DEFAULT_PROBE_INTERVAL),
+                        store_settle=float(os.environ.get("DELVEFS_STORE_SETTLE") or DEFAULT_SETTLE),
+                        store_events_wait=float(os.environ.get("DELVEFS_STORE_EVENTS_WAIT")
+                                                or DEFAULT_EVENTS_WAIT))
         stack.callback(engine.close)
         engine.start()
         consumer = _start_consumer(args, engine, metrics, stop_for, sharding, stack)

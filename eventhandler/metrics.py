@@ -73,7 +73,15 @@ class Metrics:
         self.scanned = Counter("delvefs_scanned_objects", "objects read by bucket listings", registry=r)
         self.tag_fetches = Counter("delvefs_tag_fetches", "GetObjectTagging requests", registry=r)
         self.flips = Counter("delvefs_time_flips", "objects re-evaluated because time passed", registry=r)
-        self.repaired = Counter("delvefs_reconcile_repairs", "objects repaired by reconcile", registry=r)
+        # what a reconcile (or a key checked for a waiting mount) compared with S3, and what
+        # it found wrong: effect="view" changed what some view shows (an event was lost or
+        # came late), effect="state" only a record no view shows
+        self.checked = Counter("delvefs_reconcile_checks", "objects compared with S3 by reconciles "
+                               "and key checks", registry=r)
+        self.repaired = Counter("delvefs_reconcile_repairs", "records a reconcile or key check "
+                                "found wrong and repaired, by effect", ["effect"], registry=r)
+        self.store_outages = Counter("delvefs_store_outages", "times the object store was noticed "
+                                     "unreachable or restarted", ["kind"], registry=r)
         self.publish_committed = Counter("delvefs_publish_batches_committed",
                                          "published directories shown whole", registry=r)
         self.publish_expired = Counter("delvefs_publish_batches_expired",

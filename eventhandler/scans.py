@@ -159,7 +159,7 @@ class Scanner:
     def _list_and_apply(self, bucket: str, initial: bool, progress: ScanProgress) -> tuple[dict, bool]:
         """List the bucket, applying page by page: (counts, whether the listing is complete)."""
         prev_last = None
-        counts = {"listed": 0, "repaired": 0, "removed": 0}
+        counts = {"listed": 0, "repaired": 0, "removed": 0, "view_changes": 0}
         # the store's clock before the listing starts: objects modified earlier and not listed
         # are gone (the Date header has whole seconds: floor, so the bound is safe)
         cutoff = _http_date_ns(self.s3.store_date(bucket))
@@ -227,8 +227,21 @@ class Scanner:
                 wb = self.store.batch()
                 wb.put(r.k_bucket(bucket), bs.record())
                 self.store.write(wb)
-        self.metrics.repaired.inc(counts["repaired"] + counts["removed"])
+        if not initial:
+            self._count_repairs(bucket, counts)
         return counts
+
+    def _count_repairs(self, bucket: str, counts: dict, what: str = "reconcile") -> None:
+        """The metrics of a reconcile or key check: what it compared, what it repaired, and
+        how much of that a view shows (an operator's sign of lost events)."""
+        self.metrics.checked.inc(counts["listed"])
+        shown = counts["view_changes"]
+        self.metrics.repaired.labels("view").inc(shown)
+        self.metrics.repaired.labels("state").inc(max(0, counts["repaired"] + counts["removed"] - shown))
+        if shown:
+            log.warning("%s of %s: %d objects checked, %d repaired, %d of them changed a "
+                        "view (events lost or late)", what, bucket, counts["listed"],
+                        counts["repaired"] + counts["removed"], shown)
 
     def _scan_apply(self, bucket, listed, prev_last, last, cutoff, initial, counts) -> None:
         needs = bucket in self.catalog.tag_buckets
@@ -263,7 +276,7 @@ class Scanner:
                                         p[1] if p else None, 0)
                 work[(bucket, key)] = [rec, new]
                 counts["repaired"] += 1
-            self.committer.finalize(work, log_changes=not initial)
+            counts["view_changes"] += self.committer.finalize(work, log_changes=not initial)
         if recent:
             self._sweep_recent(bucket, recent, initial, counts)
 
@@ -282,7 +295,62 @@ class Scanner:
                     continue  # changed meanwhile: its own events decide
                 work[(bucket, key)] = [rec, r.tombstone(seq + 1, rec)]
                 counts["removed"] += 1
-            self.committer.finalize(work, log_changes=not initial)
+            counts["view_changes"] += self.committer.finalize(work, log_changes=not initial)
+
+    def check_keys(self, bucket: str, keys: list[str]) -> dict:
+        """Ask S3 for each key (HeadObject, in parallel) and make the state agree: a key S3
+        has in another version than the record (or that the record lacks) gets that version,
+        a key S3 lacks that the record has is removed. For a mount waiting for keys
+        (``POST /v1/objects/wait``) whose events were lost: repaired in one round trip
+        instead of at the next reconcile. A record that changed while S3 was asked is left to
+        its own events. Counts as a reconcile does."""
+        counts = {"listed": 0, "repaired": 0, "removed": 0, "view_changes": 0}
+        keys = [k for k in dict.fromkeys(keys) if manifest_batch(k) is None]
+        before = {k: self.store.get_object(bucket, k) for k in keys}
+        answers = list(self.s3_pool.map(lambda k: self.s3.head(bucket, k), keys))
+        counts["listed"] = len(keys)
+        listed, absent = {}, []
+        for key, info in zip(keys, answers):
+            rec = before[key]
+            if info is None:
+                if rec is not None and not r.is_deleted(rec):
+                    absent.append(key)
+                continue
+            if rec is not None and not r.is_deleted(rec) and rec[r.OBJ_ETAG] == info["etag"]:
+                continue
+            # Last-Modified has whole seconds: a record of a version modified in a later
+            # second is newer than what S3 answered a moment ago (its event came meanwhile)
+            seq = int(info["mtime"]) * 1_000_000_000
+            if rec is not None and r.seq_of(rec) >= seq + 1_000_000_000:
+                continue
+            seq = max(seq, r.seq_of(rec) + 1 if rec is not None else 0)
+            listed[key] = (seq, info["size"], info["mtime"], info["etag"])
+        needs = bucket in self.catalog.tag_buckets
+        props = self.tags.fetch_props(bucket, list(listed), listed) if needs and listed else {}
+        with self.lock:
+            work = {}
+            for key, (seq, size, mtime, etag) in listed.items():
+                rec = self.store.get_object(bucket, key)
+                if rec is not before[key] and (rec is None or before[key] is None
+                                               or r.seq_of(rec) != r.seq_of(before[key])):
+                    continue  # changed meanwhile: its own events decide
+                p = props.get(key)
+                if needs and p is None:
+                    new = r.new_version(rec, seq, size, mtime, etag, None, None, r.TAGS_PENDING)
+                else:
+                    new = r.new_version(rec, seq, size, mtime, etag, p[0] if p else None,
+                                        p[1] if p else None, 0)
+                work[(bucket, key)] = [rec, new]
+                counts["repaired"] += 1
+            for key in absent:
+                rec = self.store.get_object(bucket, key)
+                if rec is None or r.is_deleted(rec) or r.seq_of(rec) != r.seq_of(before[key]):
+                    continue
+                work[(bucket, key)] = [rec, r.tombstone(r.seq_of(rec) + 1, rec)]
+                counts["removed"] += 1
+            counts["view_changes"] += self.committer.finalize(work)
+        self._count_repairs(bucket, counts, "check of waited-for keys")
+        return counts
 
     def rematch(self, bucket: str) -> None:
         """Match every object of a tracked bucket again (a view was added); objects whose

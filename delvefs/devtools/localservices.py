@@ -110,6 +110,15 @@ class _ServiceProcess:
         self.stop()
         self.start(timeout)
 
+    def kill(self) -> None:
+        """SIGKILL the process group, as a crash or the OOM killer would (``start`` again
+        keeps the same port and data)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
     def __enter__(self):
         return self.start()
 

@@ -341,20 +341,29 @@ class BucketReader:
     ``lean``: a :class:`LeanClient` for the per-object requests (GetObjectTagging,
     HeadObject), else boto3 serves them too."""
 
-    def __init__(self, client_factory=make_client, lean: LeanClient | None = None):
+    def __init__(self, client_factory=make_client, lean: LeanClient | None = None,
+                 prober: LeanClient | None = None):
         self._client_factory = client_factory
         self._client = None
         self._lock = threading.Lock()
         self._lean = lean
+        self._prober = prober
+        # called with the exception when a request could not reach the store (the handler's
+        # store watch: eventhandler/storewatch.py); set once before the reader is used
+        self.on_unreachable = None
 
     @classmethod
     def from_settings(cls, settings: S3Settings) -> BucketReader:
         """The handler's reader. With an endpoint and static keys (what makes a mount use
         :class:`LeanClient`), tags and metadata are read without botocore: at one request per
         object, botocore's CPU per request (~1-2 ms of signing, parsing, events) competes
-        with the handler's own work for the GIL. Credentials from a profile or a role: boto3."""
-        lean = LeanClient(settings) if _static_endpoint(settings) is not None else None
-        return cls(lambda: make_client(settings), lean)
+        with the handler's own work for the GIL. Credentials from a profile or a role: boto3.
+        Probes (:meth:`probe`, :meth:`store_uptime`) go through a client of one try and short
+        timeouts: a probe must tell "unreachable" within seconds."""
+        static = _static_endpoint(settings) is not None
+        lean = LeanClient(settings) if static else None
+        prober = LeanClient(settings, attempts=1, connect_timeout=2, read_timeout=5) if static else None
+        return cls(lambda: make_client(settings), lean, prober)
 
     @property
     def object_client(self):
@@ -375,17 +384,71 @@ class BucketReader:
         size = int(os.environ.get("DELVEFS_SCAN_PAGE_SIZE") or 1000)
         return list_pages(self.client, bucket, max(1, min(size, 1000)))
 
+    def _watched(self, exc: BaseException) -> None:
+        """Tell the store watch when a request failed without an answer from the store."""
+        if self.on_unreachable is not None and unreachable_error(exc):
+            self.on_unreachable(exc)
+
     def tags(self, bucket: str, key: str) -> dict[str, str] | None:
         """The object's tags; None when it is gone."""
-        return get_object_tags(self.object_client, bucket, key)
+        try:
+            return get_object_tags(self.object_client, bucket, key)
+        except Exception as exc:
+            self._watched(exc)
+            raise
 
     def metadata(self, bucket: str, key: str) -> dict[str, str] | None:
         """The object's user metadata (HeadObject); None when it is gone."""
-        return head_object_metadata(self.object_client, bucket, key)
+        try:
+            return head_object_metadata(self.object_client, bucket, key)
+        except Exception as exc:
+            self._watched(exc)
+            raise
+
+    def head(self, bucket: str, key: str) -> dict | None:
+        """``{"etag", "size", "mtime", "metadata"}`` of the object (HeadObject; metadata keys
+        lowercased), None when it is gone."""
+        try:
+            info = head_object(self.object_client, bucket, key)
+        except Exception as exc:
+            if error_code(exc) in MISSING_CODES:
+                return None
+            self._watched(exc)
+            raise
+        info["metadata"] = {k.lower(): v for k, v in info["metadata"].items()}
+        return info
+
+    def probe(self, bucket: str) -> None:
+        """One cheap request that the store must answer (ListObjectsV2 of no keys): returns
+        when it did, raises when it could not be reached or answered an error."""
+        if self._prober is not None:
+            self._prober.list_none(bucket)
+        else:
+            store_date(self.client, bucket)
+
+    def store_uptime(self) -> float | None:
+        """Seconds since the store's server started, where it tells (MinIO's admin
+        ServerInfo, with credentials allowed it; the shortest uptime of its servers); None
+        where it does not (AWS S3, no admin right, no static keys)."""
+        if self._prober is None:
+            return None
+        return self._prober.minio_uptime()
 
     def store_date(self, bucket: str) -> str | None:
         """The store's clock (see :func:`store_date`)."""
         return store_date(self.client, bucket)
+
+
+def unreachable_error(exc: BaseException) -> bool:
+    """The request got no answer from the store (connection refused, reset, timed out) or
+    the store answered that it is not serving (502, 503, 504)."""
+    if isinstance(exc, S3Error):
+        return exc.status in (502, 503, 504)
+    if isinstance(exc, (OSError, TimeoutError)) or type(exc).__module__.startswith("http.client"):
+        return True
+    name = type(exc).__name__
+    return name in {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                    "ConnectionClosedError", "ProxyConnectionError"}
 
 
 def list_pages(client, bucket: str, page_size: int = 1000):

@@ -145,9 +145,10 @@ class LeanClient:
     def get_object_tagging(self, *, Bucket: str, Key: str) -> dict:
         return {"TagSet": _parse_tag_set(self._request("GET", Bucket, Key, query="tagging=")[1])}
 
-    def head_object(self, *, Bucket: str, Key: str) -> dict:
+    def head_object(self, *, Bucket: str, Key: str, attempts: int | None = None) -> dict:
+        """``attempts``: tries of this request (default: the client's)."""
         import email.utils
-        headers = self._request("HEAD", Bucket, Key)[0]
+        headers = self._request("HEAD", Bucket, Key, attempts=attempts)[0]
         modified = headers.get("Last-Modified")
         return {"ETag": headers.get("ETag", ""), "ContentLength": int(headers.get("Content-Length", 0)),
                 "LastModified": email.utils.parsedate_to_datetime(modified) if modified else None,
@@ -166,6 +167,26 @@ class LeanClient:
         if IfNoneMatch:
             extra["if-none-match"] = IfNoneMatch
         return {"ETag": self._request("PUT", Bucket, Key, extra, Body)[0].get("ETag", "")}
+
+    def list_none(self, bucket: str) -> None:
+        """ListObjectsV2 of no keys: the cheapest request a bucket answers (a probe)."""
+        self._request("GET", bucket, "", query="list-type=2&max-keys=0")
+
+    def minio_uptime(self) -> float | None:
+        """MinIO's admin ServerInfo: the shortest uptime of its servers in whole seconds (0
+        for one still starting: it tells no uptime yet, or answers 5xx); None when the store
+        is no MinIO or refuses the request (no admin right)."""
+        import json
+        try:
+            data = self._request("GET", "minio", "admin/v3/info")[1]
+        except S3Error as exc:
+            return 0.0 if exc.status >= 500 else None
+        try:
+            servers = json.loads(data).get("servers") or []
+            uptimes = [float(s.get("uptime") or 0) for s in servers]
+        except (ValueError, TypeError, AttributeError):
+            return None
+        return min(uptimes) if uptimes else None
 
     def get_range(self, bucket: str, key: str, start: int, end: int, *, etag: str, write,
                   chunk: int = 1 << 20) -> None:
@@ -257,10 +278,11 @@ class LeanClient:
         return signed
 
     def _request(self, method: str, bucket: str, key: str, headers: dict[str, str] | None = None,
-                 body: bytes = b"", query: str = "") -> tuple[http.client.HTTPMessage, bytes]:
+                 body: bytes = b"", query: str = "", attempts: int | None = None,
+                 ) -> tuple[http.client.HTTPMessage, bytes]:
         path = self.path(bucket, key)
         error: BaseException | None = None
-        for attempt in range(self.attempts):
+        for attempt in range(max(1, attempts or self.attempts)):
             _backoff(attempt)
             try:
                 conn, resp = self._open(method, path, headers or {}, body, query)

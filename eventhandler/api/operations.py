@@ -84,8 +84,12 @@ class OperationRoutes(Routes):
         count, recent = self.core.metrics.dead_letters.snapshot()
         # reasons only of buckets the caller may read (or of messages naming none)
         recent = [d for d in recent if d["bucket"] is None or d["bucket"] in readable][-5:]
+        watch = self.core.engine.store_watch
+        store = watch.status() if watch is not None else None
+        if store is not None and not store["reachable"] and not readable:
+            store.pop("last_error")  # the store's address is no business of a principal without buckets
         return reply(request, {"principal": principal, "uptime": round(now - self.core.started, 3),
-                               "source": source, "buckets": buckets, "views": views,
+                               "source": source, "store": store, "buckets": buckets, "views": views,
                                "groups": groups, "dead_letters": {"count": count, "recent": recent}})
 
     async def prom(self, request: web.Request):

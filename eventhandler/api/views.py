@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import os
 import time
 import urllib.parse
 
@@ -15,10 +17,12 @@ from rulesets.model import View
 
 from ..auth import GRANTED, valid_bucket
 from ..feed import stream_text
-from ..tracking import bucket_glob_message, bucket_is_glob
+from ..tracking import READY, bucket_glob_message, bucket_is_glob
 from .common import (DEFAULT_LIMIT, MAX_LIMIT, MAX_VERSION, MAX_VIEW_NAME, MAX_VIEWS, VIEW_ID, ApiError,
                      float_arg, int_arg, key_arg, log, read_body, reply, version_arg)
 from .core import Routes
+
+log = logging.getLogger("delvefs.eventhandler")
 
 INLINE_OBJECTS = 200  # objects of a listing read on the event loop (~1 µs each)
 FENCE_WAIT = 10.0  # longest a `fresh` listing waits for the events the broker held
@@ -253,7 +257,11 @@ class ViewRoutes(Routes):
         """``POST /v1/objects/wait``: returns once this handler's record of each object is
         the version named (an ETag; null: the key gone), or a newer one, or after ``wait``
         seconds; ``pending`` names what it still lacks. What a mount's ``delvefs sync``
-        waits for, so that a mount started afterwards lists what it wrote."""
+        waits for, so that a mount started afterwards lists what it wrote.
+
+        A key still missing after ``CHECK_AFTER`` seconds is asked of S3 once
+        (``Engine.check_keys``): its event may have been lost (an object store that
+        restarted sends none for its first moments' PUTs), and what S3 has is applied."""
         body = await read_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("bucket"), str) \
                 or not isinstance(body.get("objects"), list):
@@ -282,19 +290,38 @@ class ViewRoutes(Routes):
         deadline = time.monotonic() + min(float(wait), MAX_OBJECT_WAIT)
         engine, hub = self.core.engine, self.core.hub
         loop = asyncio.get_running_loop()
+        check_at = time.monotonic() + check_after()
         while True:
             woken = hub.event(bucket)  # taken before the check: a commit after it wakes us
             wanted = await loop.run_in_executor(None, _still_missing, engine, bucket, wanted)
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if not wanted or left <= 0:
                 break
-            await wait_event(woken, min(left, 0.25))
+            if check_at is not None and now >= check_at:
+                check_at = None  # once a request: S3 is asked for what the events did not bring
+                bs = engine.buckets.get(bucket)
+                if bs is not None and bs.state == READY:
+                    try:
+                        await loop.run_in_executor(None, engine.check_keys, bucket,
+                                                   [w["key"] for w in wanted])
+                    except Exception as exc:  # noqa: BLE001 — S3 away: keep waiting for events
+                        log.warning("checking %d waited-for keys of %s in S3 failed: %s",
+                                    len(wanted), bucket, exc)
+                    continue
+            await wait_event(woken, min(left, 0.25, max(0.0, check_at - now) if check_at else 0.25))
         return reply(request, {"pending": [{"key": w["key"], "etag": w.get("etag"), "seen": w["seen"]}
                                            for w in wanted]})
 
 
 MAX_WAITED_OBJECTS = 1000
 MAX_OBJECT_WAIT = 120.0
+
+
+def check_after(env=os.environ) -> float:
+    """Seconds a waited-for key may be missing before S3 is asked for it
+    (``DELVEFS_WAIT_CHECK_AFTER``, default 2: an event normally arrives well within it)."""
+    return float(env.get("DELVEFS_WAIT_CHECK_AFTER") or 2.0)
 
 
 def _still_missing(engine, bucket: str, wanted: list[dict]) -> list[dict]:

@@ -183,6 +183,8 @@ class FakeStore:
         self.manifests: list[dict] = []  # every publish manifest written (put_small)
         self.written = WriteLog()  # as S3Store's: what S3 accepted
         self.lists = 0           # ListObjectsV2 requests
+        self.unreachable = False  # S3 down: every read-side request is refused at once
+        self.heads_once = 0      # HEADs asked in one try (``once``: no retries)
 
     def put(self, bucket: str, key: str, data: bytes, *, tags=None, metadata=None, mtime=1e9) -> dict:
         etag = hashlib.md5(data).hexdigest()
@@ -191,13 +193,17 @@ class FakeStore:
         return {"key": key, "size": len(data), "etag": etag, "mtime": mtime}
 
     def _get(self, bucket, key):
+        if self.unreachable:
+            raise StoreError(errno.EIO, f"{bucket}/{key}: ConnectionRefusedError: [Errno 111] "
+                             "Connection refused", unreachable=True)
         try:
             return self.objects[(bucket, key)]
         except KeyError:
             raise StoreError(errno.ENOENT, f"{bucket}/{key}: no such object") from None
 
-    async def head(self, bucket, key):
+    async def head(self, bucket, key, *, once=False):
         self.calls["head"] += 1
+        self.heads_once += once
         o = self._get(bucket, key)
         return {"etag": o["etag"], "size": len(o["data"]), "mtime": o["mtime"], "metadata": o["metadata"]}
 

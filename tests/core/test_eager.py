@@ -171,7 +171,9 @@ async def test_a_failed_journal_write_is_tried_again(make_world):
     w.cache.journal.write = real
     await w.fs.write(fh, 0, b"x")                    # journaled now, before the byte
     assert entry.journaled and len(os.listdir(w.cache.journal)) == 1
-    await w.close(fh)
+    with pytest.raises(FsError) as e:                # the failed write's error, at close
+        await w.close(fh)
+    assert e.value.errno == errno.ENOSPC
 
 
 async def test_journals_of_earlier_mounts_elsewhere_are_taken_over_once(tmp_path):

@@ -309,7 +309,8 @@ async def test_cache_disk_full_is_enospc(make_world, monkeypatch):
     monkeypatch.setattr(os, "pwrite", full)
     assert await errno_of(w.fs.write(fh, 0, b"x")) == errno.ENOSPC
     monkeypatch.undo()
-    await w.close(fh)
+    assert await errno_of(w.close(fh)) == errno.ENOSPC    # the failed write's (never uploaded)
+    assert w.obj("v", "data/f") is None
 
 
 async def test_links_and_special_files_refused(make_world):

@@ -156,8 +156,9 @@ def test_a_full_cache_directory_is_an_errno_and_the_mount_goes_on(mounts, s3, bu
         with open(mp / "data" / "new.bin", "wb") as f:
             f.write(data)
     assert e.value.errno == errno.EFBIG
-    # as on a local disk, what write() accepted stays: the first MiB, uploaded at close
-    wait_until(lambda: get(s3, bucket, "data/new.bin") == data[:MiB], 20, "the accepted part uploaded")
+    # the first MiB that write() accepted is no whole file: never uploaded, dropped at close
+    wait_until(lambda: "new.bin" not in listdir(mp / "data"), 20, "the partial file dropped")
+    assert get(s3, bucket, "data/new.bin") is None
     assert get(s3, bucket, "data/big.bin") == big  # S3 untouched by the failed read
     resource.prlimit(mounts.daemon_pid(mp), resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
     assert (mp / "data" / "big.bin").read_bytes() == big  # room again: read in full

@@ -1,9 +1,15 @@
 """The journal's records: written whole, read back, the unusable ones dropped."""
 from __future__ import annotations
 
+import errno
 import os
 
+import pytest
+import trio
+
+from delvefs.client.mount.cache import journal as journal_module
 from delvefs.client.mount.cache.journal import Journal
+from delvefs.client.mount.errors import StoreError
 
 
 def record(name: str, key: str = "k") -> dict:
@@ -53,3 +59,30 @@ def test_a_key_of_bytes_that_are_no_utf8_is_recorded_and_read_back(tmp_path):
     key = "dir/" + os.fsdecode(b"bad\xff")
     j.write(record("f1", key=key))
     assert [r["key"] for r in j.read()] == [key]
+
+
+def test_a_record_to_be_removed_whose_rewrite_fails_is_still_removed(tmp_path, monkeypatch):
+    j = Journal(tmp_path / "journal", tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f1").write_bytes(b"x")
+    j.write(record("f1"))
+    j._doomed_kick = trio.Event()   # as while ``run_removals`` runs: removals are batched
+    j.remove(record("f1"))
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(journal_module, "_write_all", full)
+    with pytest.raises(StoreError):
+        j.write(record("f1", key="rewritten"))   # the old record stays on disk: still doomed
+    j.remove_doomed()
+    assert os.listdir(tmp_path / "journal") == []
+
+
+def test_a_removal_at_once_does_not_wait_for_the_batch(tmp_path):
+    j = Journal(tmp_path / "journal", tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f1").write_bytes(b"x")
+    j.write(record("f1"))
+    j._doomed_kick = trio.Event()
+    j.remove(record("f1"), at_once=True)
+    assert os.listdir(tmp_path / "journal") == []

@@ -57,8 +57,9 @@ class FakeCache(SimpleNamespace):
 
 def fake_core(**over):
     cache = FakeCache(hits=5, misses=2, hit_bytes=5000, miss_bytes=8192, got=1 << 20, gets=3,
-                      evictions=1, bytes=4096, limit=1 << 30)
-    written = SimpleNamespace(entries=lambda: [SimpleNamespace(size=10), SimpleNamespace(size=32)])
+                      evictions=4, forced_evictions=3, bytes=4096, limit=1 << 30)
+    written = SimpleNamespace(entries=lambda: [SimpleNamespace(size=10), SimpleNamespace(size=32)],
+                              failed_writes=3, dropped_files=1)
     report = [{"state": "pending"}, {"state": "failed"}, {"state": "failed"}, {"state": "conflict"}]
     view_state = SimpleNamespace(name="data", bucket="b1", root="data", ttl=2.0, unshown=(),
                                  listing=SimpleNamespace(id="v1", listed=True, version=3,
@@ -107,6 +108,8 @@ def test_the_mount_exports_requests_cache_uploads_handler_and_views():
     assert value(s, "delvefs_mount_cache_read_bytes_total", **mp, result="miss") == 8192
     assert value(s, "delvefs_mount_cache_fetched_bytes_total", **mp) == 1 << 20
     assert value(s, "delvefs_mount_cache_gets_total", **mp) == 3
+    assert value(s, "delvefs_mount_cache_evictions_total", **mp) == 4
+    assert value(s, "delvefs_mount_cache_forced_evictions_total", **mp) == 3
     assert value(s, "delvefs_mount_cache_bytes", **mp) == 4096
     assert value(s, "delvefs_mount_cache_limit_bytes", **mp) == 1 << 30
     assert value(s, "delvefs_mount_dirty_bytes", **mp) == 42
@@ -114,6 +117,8 @@ def test_the_mount_exports_requests_cache_uploads_handler_and_views():
         assert value(s, "delvefs_mount_uploads", **mp, state=state) == n
     assert value(s, "delvefs_mount_uploads_completed_total", **mp) == 9
     assert value(s, "delvefs_mount_conflicts_total", **mp) == 1
+    assert value(s, "delvefs_mount_failed_writes_total", **mp) == 3
+    assert value(s, "delvefs_mount_failed_write_drops_total", **mp) == 1
     assert value(s, "delvefs_mount_passthrough", **mp) == 0  # a core without the FUSE adapter
     assert value(s, "delvefs_mount_passthrough_opens_total", **mp) == 0
     assert value(s, "delvefs_mount_handler_request_seconds_count", **mp, request="changes") == 1

@@ -276,3 +276,12 @@ def test_fsync_journal_is_an_eager_mounts_choice(capsys):
     assert main(["mount", "v.yaml", "/nonexistent", "--fsync", "journal"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("delvefs mount: fsync=journal needs --eager") and err.count("\n") == 1
+
+
+def test_stale_if_error_is_on_by_default_and_off_reaches_the_daemon():
+    assert parse_mount().stale_if_error == "on"
+    settings = parse_mount("-o", "stale_if_error=off")
+    assert settings.stale_if_error == "off" and parse_mount("--stale-if-error", "no") == settings
+    assert parse_mount(*settings.daemon_flags()) == settings
+    with pytest.raises(OptionError, match="stale_if_error=maybe: on or off"):
+        parse_mount("-o", "stale_if_error=maybe")

@@ -16,6 +16,9 @@ S3 InvalidTag, InvalidTagKey, InvalidTagValue,  EINVAL      ``errno_of_s3_code``
 S3 403, AccessDenied                            EACCES      ``errno_of_s3_code``
 any other S3 failure                            EIO         ``errno_of_s3_code``,
                                                             ``store_error``
+S3 unreachable (refused, reset, timed out, 5xx, none: the   ``reads.Reads._revalidate``
+  throttled) when an open asks whether a        cached      (``stale_if_error``; off:
+  cached copy is current                        copy        EIO)
 a download's cache file: disk full (ENOSPC,     the same    ``store_error``
   EDQUOT, EFBIG)
 a cache file (data, journal) refused: OSError   its errno,  ``cache_file_error``,
@@ -54,6 +57,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 from typing import TYPE_CHECKING, Protocol
 
 from delvefs.shared import s3
@@ -65,11 +69,14 @@ log = logging.getLogger(__name__)
 
 
 class StoreError(Exception):
-    """A failure of S3 or of the cache directory, with its errno."""
+    """A failure of S3 or of the cache directory, with its errno. ``unreachable``: S3 could
+    not be asked (no connection, a reset or a timeout, a 5xx or throttling answer), as
+    opposed to an answer about the object (404, 412, 403, ...)."""
 
-    def __init__(self, err: int, message: str):
+    def __init__(self, err: int, message: str, *, unreachable: bool = False):
         super().__init__(message)
         self.errno = err
+        self.unreachable = unreachable
 
 
 class Changed(StoreError):
@@ -153,7 +160,39 @@ def store_error(exc: BaseException, what: str) -> StoreError:
         return StoreError(err, f"{what}: access denied")
     if isinstance(exc, OSError) and exc.errno in _CACHE_FULL:
         return StoreError(exc.errno, f"{what}: no room in the cache directory: {exc.strerror}")
-    return StoreError(errno.EIO, f"{what}: {type(exc).__name__}: {exc}")
+    return StoreError(errno.EIO, f"{what}: {type(exc).__name__}: {exc}",
+                      unreachable=s3_unreachable(exc))
+
+
+# a system call's errno that says the store's host cannot be reached
+_UNREACHABLE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
+                                 errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                                 errno.EHOSTDOWN, errno.ENETDOWN, errno.EPIPE})
+
+
+def s3_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (of an S3 call) says S3 could not be asked — no connection, a reset,
+    a timeout, a name that does not resolve, a 5xx or throttling answer — rather than
+    answering about the object."""
+    import http.client
+    import socket
+    status = getattr(exc, "status", None)  # s3.S3Error (the lean client's)
+    response = getattr(exc, "response", None)  # botocore's ClientError
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", status)
+    if isinstance(status, int):
+        return status >= 500 or status == 429 or s3.error_code(exc) in _THROTTLED_CODES
+    if isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror, http.client.HTTPException)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _UNREACHABLE_ERRNOS:
+        return True
+    exceptions = sys.modules.get("botocore.exceptions")  # its connection errors and timeouts
+    return exceptions is not None and isinstance(
+        exc, (exceptions.ConnectionError, exceptions.HTTPClientError))
+
+
+_THROTTLED_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                              "RequestTimeoutException"})
 
 
 # ---------------------------------------------------------- the cache directory

@@ -105,6 +105,9 @@ class MountMetrics:
         yield _counter("delvefs_mount_cache_gets", "ranged GETs the cache sent to S3", mp, cache.gets)
         yield _counter("delvefs_mount_cache_evictions", "cached blocks evicted to keep the bound",
                        mp, cache.evictions)
+        yield _counter("delvefs_mount_cache_forced_evictions", "of those, evicted because the "
+                       "cache disk was full (a write to it failed with ENOSPC or EDQUOT)",
+                       mp, cache.forced_evictions)
         yield _gauge("delvefs_mount_cache_bytes", "bytes the cache holds (clean present bytes and "
                      "dirty files)", mp, cache.bytes)
         if cache.limit is not None:
@@ -112,6 +115,10 @@ class MountMetrics:
                          "(--cache-size)", mp, cache.limit)
         yield _gauge("delvefs_mount_dirty_bytes", "bytes of files written here and not in S3 yet",
                      mp, dirty_bytes(self.core))
+        reads = getattr(self.core, "reads", None)
+        yield _counter("delvefs_mount_unconfirmed_opens", "opens served a cached copy S3 could "
+                       "not be asked to confirm (stale_if_error)", mp,
+                       reads.unconfirmed.opens if reads is not None else 0)
 
     def _uploads(self):
         core, mp = self.core, self.mountpoint
@@ -126,6 +133,12 @@ class MountMetrics:
         yield _counter("delvefs_mount_uploads_completed", "files uploaded to S3", mp, core.uploads.count)
         yield _counter("delvefs_mount_conflicts", "conflict copies made (S3 had another version)",
                        mp, len(core.uploads.conflicts))
+        yield _counter("delvefs_mount_failed_writes", "writes and truncates of files being written "
+                       "that the cache disk refused (ENOSPC, EDQUOT, EIO, ...)", mp,
+                       core.written.failed_writes)
+        yield _counter("delvefs_mount_failed_write_drops", "files not uploaded because a write "
+                       "into them failed: their local changes dropped", mp,
+                       core.written.dropped_files)
 
     def _s3(self):
         """The S3 requests the mount made, by operation (``S3Store.requests``)."""

@@ -157,6 +157,16 @@ def _passthrough(text: str) -> str:
     return value
 
 
+def _on_off(name: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = {"on": "on", "yes": "on", "true": "on", "1": "on",
+                 "off": "off", "no": "off", "false": "off", "0": "off"}.get(text.lower())
+        if value is None:
+            raise OptionError(f"{name}={text}: on or off")
+        return value
+    return parse
+
+
 # ----------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -256,6 +266,11 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 "is then no server-side copy; with --eager it replaces the writeback cache); "
                 "off: every read and write goes through the mount (default: on)",
                 default="on", metavar="on|rw|off"),
+    MountOption("stale_if_error", "--stale-if-error", "stale_if_error", _on_off("stale_if_error"),
+                "on: an open of a cached file whose ttl has passed is served the cached copy "
+                "when S3 cannot be asked whether it is current (refused, reset, timed out, "
+                "5xx), shown by user.delvefs.unconfirmed; off: such an open fails EIO "
+                "(default: on)", default="on", metavar="on|off"),
 )
 
 # -o name -> its option (docs/CONFIGURATION.md lists them all; tests check it)

@@ -47,6 +47,16 @@ OPERATIONS = {"head_object": "HeadObject", "put_file": "PutObject", "put_bytes":
               "abort_multipart": "AbortMultipartUpload"}
 
 
+class _OneTry:
+    """The lean client's HeadObject in one try (``S3Store.head(once=True)``)."""
+
+    def __init__(self, lean: s3.LeanClient):
+        self.lean = lean
+
+    def head_object(self, **kwargs) -> dict:
+        return self.lean.head_object(attempts=1, **kwargs)
+
+
 class S3Store:
     """``client`` is a boto3 client, or a function that makes one: then it is made on first
     use (or by ``warm``) in a worker thread, so a mount need not wait for botocore.
@@ -121,7 +131,12 @@ class S3Store:
         log.debug("S3 %s: done", what)
         return result
 
-    async def head(self, bucket: str, key: str) -> dict:
+    async def head(self, bucket: str, key: str, *, once: bool = False) -> dict:
+        """``once``: one try, no retries (the lean client's; boto3's retries as configured):
+        for a caller that has an answer of its own when S3 cannot be asked."""
+        if once and self.lean is not None:
+            return await self._call(f"HEAD {bucket}/{key}", s3.head_object, _OneTry(self.lean),
+                                    bucket, key)
         return await self._call(f"HEAD {bucket}/{key}", s3.head_object, LEAN, bucket, key)
 
     async def tags(self, bucket: str, key: str) -> dict[str, str]:

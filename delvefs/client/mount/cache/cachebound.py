@@ -7,7 +7,14 @@ entry's in ``entry.blocks``), and their eviction.
 Eviction punches the bytes of a block out of its file (fallocate PUNCH_HOLE) and forgets
 them in ``present``; an entry with nothing left and no opener is dropped (by the
 ``drop_unused`` the cache gave, which knows whether a version change is under way). What
-is never evicted, and the order (closed entries first), is in ``evict``.
+is never evicted, and the order (closed entries first), is in ``_evict_to``.
+
+The free space is measured by statvfs now and then (``_space_shortfall``); in between, what
+the cache grew by counts as used, dirty files included, so a writer's growth evicts clean
+blocks before the disk is full. A disk found full anyway (a write failed: ENOSPC, EDQUOT)
+is ``make_room``'s: clean blocks evicted whatever the bound says, as many as the write and
+the floor need, all of them if need be (the cache retries the write:
+``DataCache.with_room``).
 
 Concurrency: everything here runs on the trio loop (the cache calls it there); ``evict``
 never awaits, so a reader's check of ``present`` followed by a pread without an await in
@@ -54,9 +61,10 @@ class CacheBound:
         self._drop_unused = drop_unused
         self.bytes = 0       # present bytes of clean entries, the size of dirty ones
         self.evictions = 0   # blocks (or entries) evicted: statistics, for tests and logs
+        self.forced_evictions = 0  # of those, evicted by ``make_room``: the disk was full
         self._lru: OrderedDict[tuple[int, int], CacheEntry] = OrderedDict()  # (serial, block)
-        self._free_checked = (-math.inf, 0, 0)  # (monotonic time, bytes cached then, shortfall then)
-        self._free_seen = 0
+        # the last statvfs: (monotonic time, bytes cached then, the floor, bytes free then)
+        self._free_checked = (-math.inf, 0, 0, 0)
         self._punch_warned = False
 
     def set_block_size(self, size: int) -> None:
@@ -102,30 +110,62 @@ class CacheBound:
     # ------------------------------------------------------------------ eviction
 
     def _space_shortfall(self) -> int:
-        """Bytes missing to the free-space floor of the cache's file system (0: none)."""
-        at, cached, shortfall = self._free_checked
+        """Bytes missing to the free-space floor of the cache's file system (0: none).
+        Between two statvfs calls what the cache grew by since the last one (dirty files
+        written, blocks fetched, less what was evicted) counts as used: a writer nears the
+        floor, and eviction keeps pace with it, without a statvfs per write."""
+        at, cached, floor, free = self._free_checked
+        grown = self.bytes - cached
         now = time.monotonic()
-        if now - at < self.free_check_interval and self.bytes - cached < self._free_seen // 10:
-            return shortfall
+        if now - at < self.free_check_interval and grown < free // 10:
+            return max(0, floor - (free - grown))
+        measured = self._measure()
+        if measured is None:
+            return 0
+        floor, free = measured
+        self._free_checked = (now, self.bytes, floor, free)
+        return max(0, floor - free)
+
+    def _measure(self) -> tuple[int, int] | None:
+        """(the free-space floor, the bytes free) of the cache's file system; None when
+        statvfs fails."""
         try:
             st = os.statvfs(self.dir)
         except OSError:
-            return 0
+            return None
         floor = min(self.free_floor_bytes, int(st.f_blocks * st.f_frsize * self.free_floor_ratio))
-        self._free_seen = st.f_bavail * st.f_frsize
-        shortfall = max(0, floor - self._free_seen)
-        self._free_checked = (now, self.bytes, shortfall)
-        return shortfall
+        return floor, st.f_bavail * st.f_frsize
 
     def evict(self) -> None:
         """Evict least-recently-used clean blocks until within ``limit`` and the free-space
-        floor: first blocks of entries nobody has open, then of open ones."""
+        floor (``_evict_to``)."""
         limit = self.limit
         shortfall = self._space_shortfall()
         if shortfall:
             limit = max(0, min(self.bytes if limit is None else limit, self.bytes - shortfall))
         if limit is None or self.bytes <= limit:
             return
+        self._evict_to(limit)
+
+    def make_room(self, need: int) -> int:
+        """The cache disk refused a write of ``need`` bytes (ENOSPC, EDQUOT): clean blocks
+        are evicted least recently used, whatever ``limit`` and the estimate of the free
+        space said, until ``need`` bytes and the free-space floor are freed (the writes
+        that follow find room too) or nothing evictable is left. The bytes freed; 0: the
+        disk is full of what is never evicted (dirty files, blocks being fetched or read)."""
+        measured = self._measure()
+        floor = measured[0] if measured is not None else 0
+        before, evicted = self.bytes, self.evictions
+        self._evict_to(max(0, before - need - floor))
+        self.forced_evictions += self.evictions - evicted
+        self._free_checked = (-math.inf, 0, 0, 0)  # what is free now: measured at the next check
+        return before - self.bytes
+
+    def _evict_to(self, limit: int) -> None:
+        """Evict least-recently-used clean blocks until ``bytes`` is at most ``limit`` or
+        nothing evictable is left: first blocks of entries nobody has open, then of open
+        ones. Never evicted: a block of a dirty entry or of one open for writing, a block
+        being fetched, a block an ``ensure`` in progress covers (``entry.pinned``)."""
         bs = self.block_size
         for open_too in (False, True):
             for unit, entry in list(self._lru.items()):

@@ -38,7 +38,13 @@ to the source's ETag with If-Match (412: ``Changed``). A cached block costs no r
   dirty entry or one open for writing, a block being fetched, a block an ``ensure`` in
   progress covers (``entry.pinned``). The cache tells the bound every change of what an
   entry counts (``added``, ``recount``, ``forget``); the bound drops an entry it emptied
-  through the cache (``_drop_unused``: not while its version changes).
+  through the cache (``_drop_unused``: not while its version changes). A dirty entry that
+  grows (``resize``) is checked against the bound at once.
+* A full cache disk: every write to it — a fetch's bytes, a written file's (``pwrite``),
+  a journal record, a ranges log, a copy taken over for writing — goes through
+  ``with_room``: on ENOSPC or EDQUOT clean blocks are evicted whatever the bound says
+  (``make_room``: one log line, ``forced_evictions``) and the write is tried again; its
+  error stands only when nothing evictable is left (dirty data fills the disk).
 
 Concurrency (one trio loop): between two awaits nothing else runs, so a reader that sees
 ``present.covers(a, b)`` and then preads without awaiting reads valid bytes — ``ensure``
@@ -67,6 +73,7 @@ import itertools
 import logging
 import os
 import shutil
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -81,6 +88,9 @@ from .ranges import RangeSet, blocks
 log = logging.getLogger(__name__)
 
 KiB, MiB = 1 << 10, 1 << 20
+
+# the errnos of a full cache disk, for which evicting clean blocks makes room
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class DataCache:
@@ -144,6 +154,10 @@ class DataCache:
     @property
     def evictions(self) -> int:
         return self.bound.evictions
+
+    @property
+    def forced_evictions(self) -> int:
+        return self.bound.forced_evictions
 
     @property
     def block_size(self) -> int:
@@ -221,9 +235,9 @@ class DataCache:
             etag, size = info["etag"], info["size"]
         raise AssertionError("unreachable")
 
-    async def _head(self, store, bucket: str, key: str) -> dict:
+    async def _head(self, store, bucket: str, key: str, once: bool = False) -> dict:
         self.heads += 1
-        return await store.head(bucket, key)
+        return await (store.head(bucket, key, once=True) if once else store.head(bucket, key))
 
     def _new_version(self, bucket: str, key: str, etag: str, size: int) -> CacheEntry:
         """A new, empty entry (a sparse file of ``size``) for version ``etag``, in place of
@@ -341,6 +355,7 @@ class DataCache:
         entry = f.entry
         bucket, key, etag = entry.source
         token = trio.lowlevel.current_trio_token()
+        loop_thread = threading.get_ident()
         direct = not entry.dirty and not entry.writers
         bs = self.block_size
         fd = None
@@ -355,12 +370,18 @@ class DataCache:
             except OSError as exc:
                 raise cache_file_error(exc, f"cache file for {bucket}/{key}") from exc
 
+            def room_from_thread(need: int) -> int:  # (the bound is the loop's)
+                if threading.get_ident() == loop_thread:  # (a store that writes on the loop)
+                    return self.make_room(need)
+                return trio.from_thread.run_sync(self.make_room, need, trio_token=token)
+
             def write(offset: int, data) -> None:  # a worker thread
                 if f.cancelled:
                     raise StopGet()
                 n = len(data)
                 if direct:
-                    pwrite_all(fd, offset, data)
+                    self.with_room(functools.partial(pwrite_all, fd, offset, data), n,
+                                   make_room=room_from_thread)
                     f.received = offset + n
                     if (offset + n) // bs != offset // bs or offset + n == f.end:
                         token.run_sync_soon(self._mark, f)
@@ -424,7 +445,9 @@ class DataCache:
                 continue
             try:
                 for gap_start, gap_end in entry.present.missing(offset, min(end, entry.source_len)):
-                    pwrite_all(fd, gap_start, memoryview(data)[gap_start - offset:gap_end - offset])
+                    self.with_room(functools.partial(
+                        pwrite_all, fd, gap_start, memoryview(data)[gap_start - offset:gap_end - offset]),
+                        gap_end - gap_start)
                     entry.present.add(gap_start, gap_end)
             except OSError as exc:
                 f.cancelled = True  # the thread stops at its next write
@@ -454,6 +477,59 @@ class DataCache:
     def evict(self) -> None:
         """Evict clean blocks until the cache is within its bound (``CacheBound.evict``)."""
         self.bound.evict()
+
+    # ------------------------------------------------------------ a full cache disk
+
+    def make_room(self, need: int) -> int:
+        """(the loop) The cache disk refused a write of ``need`` bytes: clean blocks
+        evicted, whatever the bound says (``CacheBound.make_room``); the bytes freed (0:
+        nothing evictable is left). One log line for each time it frees anything."""
+        freed = self.bound.make_room(need)
+        if freed:
+            log.info("the cache directory %s is full: evicted %d bytes of cached blocks to "
+                     "make room for %d bytes", self.dir, freed, need)
+        return freed
+
+    def with_room(self, write, need: int, *, make_room=None):
+        """``write()``, a write of about ``need`` bytes to the cache disk, answered; when
+        the disk is full (ENOSPC, EDQUOT: an OSError, or the StoreError of a cache file)
+        clean blocks are evicted to make room (``make_room``; from a worker thread: one
+        that calls the loop's) and it is tried again, until nothing evictable is left:
+        then its error is raised. ``write`` must be one that may be repeated."""
+        make_room = make_room or self.make_room
+        while True:
+            try:
+                return write()
+            except (OSError, StoreError) as exc:
+                if exc.errno not in DISK_FULL or not make_room(need):
+                    raise
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        """``os.pwrite`` into a file of the write side: all of ``data``, room made on a
+        full disk (``with_room``). The bytes written: fewer (a short write) when the disk
+        is full of what is never evicted after some were; raises OSError when none were."""
+        try:
+            n = os.pwrite(fd, data, offset)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            n = 0
+        size = len(data)
+        if n == size:  # (the usual case: no more than one system call)
+            return n
+        view = memoryview(data)
+        while n < size:
+            try:
+                more = self.with_room(
+                    functools.partial(os.pwrite, fd, view[n:], offset + n), size - n)
+            except OSError:
+                if n:
+                    return n  # the error comes with the next write, as on a full disk
+                raise
+            if not more:
+                break
+            n += more
+        return n
 
     # ------------------------------------------------------------------ opens
 
@@ -511,7 +587,15 @@ class DataCache:
             if not take:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             elif entry.opens > held or entry.fetches:
-                shutil.copyfile(entry.path, path)  # open readers keep their version
+                # open readers keep their version; what is copied is the caller's ``present``
+                # of it: none of its blocks is evicted to make room for the copy
+                pin = (0, entry.size)
+                entry.pinned.append(pin)
+                try:
+                    self.with_room(functools.partial(shutil.copyfile, entry.path, path),
+                                   entry.size if entry.present is None else entry.present.total)
+                finally:
+                    entry.pinned.remove(pin)
             else:
                 os.rename(entry.path, path)
         except OSError as exc:
@@ -570,8 +654,13 @@ class DataCache:
             pass
 
     def resize(self, entry: CacheEntry, size: int) -> None:
+        """A dirty entry is ``size`` bytes now. One that grew counts toward the bound and
+        the free-space floor at once: clean blocks make way before the disk is full."""
+        grew = size > entry.size
         entry.size = size
         self._recount(entry)
+        if grew:
+            self.evict()
 
     def _recount(self, entry: CacheEntry) -> None:
         """What the entry adds to ``bytes``: a dirty (or complete) one its size, a clean one
@@ -581,15 +670,17 @@ class DataCache:
         self.bound.recount(entry, entry.size if entry.dirty or entry.present is None
                            else entry.present.total)
 
-    async def current(self, store, bucket: str, key: str, *, etag: str, ttl: float) -> dict | None:
+    async def current(self, store, bucket: str, key: str, *, etag: str, ttl: float,
+                      once: bool = False) -> dict | None:
         """Whether ``etag`` is still ``bucket/key``'s version: None when the cached copy of
         it was validated within ``ttl`` (trusted) or S3 says so (the copy is then validated
-        again), else S3's HEAD answer. Raises StoreError."""
+        again), else S3's HEAD answer. ``once``: S3 asked in one try (the caller has an
+        answer of its own when it cannot be asked). Raises StoreError."""
         entry = self.entries.get((bucket, key))
         now = trio.current_time()
         if entry is not None and entry.etag == etag and (entry.dirty or now - entry.validated < ttl):
             return None
-        info = await self._head(store, bucket, key)
+        info = await self._head(store, bucket, key, once)
         if info["etag"] != etag:
             return info
         entry = self.entries.get((bucket, key))

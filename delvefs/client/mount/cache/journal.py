@@ -71,8 +71,10 @@ class Journal:
         exactly this record already). Raises StoreError (the cache disk refused)."""
         name = record["file"] + ".json"
         final = f"{self._dir}/{name}"  # (strings, not Path: every eager close comes here)
+        doomed = False
         if self._doomed:  # (only the loop adds to it) written again before its removal
             with self._doomed_lock:
+                doomed = name in self._doomed
                 self._doomed.discard(name)
         try:
             data = orjson.dumps(record)
@@ -100,6 +102,9 @@ class Journal:
                 os.replace(tmp, final)
         except OSError as exc:
             _unlink(tmp if tmp is not None else final)
+            if doomed:  # the old record is still there: still to be removed
+                with self._doomed_lock:
+                    self._doomed.add(name)
             raise cache_file_error(exc, f"journal of {record['bucket']}/{record['key']}") from exc
 
     def make_durable(self, record: dict) -> None:
@@ -137,10 +142,11 @@ class Journal:
                     pass  # (no owner.json: a cache directory of tests)
             self._settled = True
 
-    def remove(self, record: dict) -> None:
-        """Drop a record: at once, or (``run_removals`` running) soon, by a worker thread."""
+    def remove(self, record: dict, *, at_once: bool = False) -> None:
+        """Drop a record: at once, or (``run_removals`` running, unless ``at_once``: a record
+        that must not outlive the call) soon, by a worker thread."""
         name = record["file"] + ".json"
-        if self._doomed_kick is None:
+        if self._doomed_kick is None or at_once:
             _unlink(f"{self._dir}/{name}")
             return
         with self._doomed_lock:

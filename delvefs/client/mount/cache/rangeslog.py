@@ -44,20 +44,21 @@ class RangesLog:
             self._last = (len(data) - _RECORD.size, s, e)
 
     def add(self, start: int, end: int) -> None:
-        """Bytes [start, end) were written. Raises OSError (the log file)."""
+        """Bytes [start, end) were written. Raises OSError (the log file); then nothing
+        changed, and it may be called again (a full disk: after making room)."""
         if self.changed.covers(start, end):
             return
+        if self.fd is not None:
+            last = self._last
+            if last is not None and last[1] <= start <= last[2]:  # continues the last record
+                at, rec_start, rec_end = last[0], last[1], max(end, last[2])
+            else:
+                at = os.fstat(self.fd).st_size if last is None else last[0] + _RECORD.size
+                rec_start, rec_end = start, end
+            if os.pwrite(self.fd, _RECORD.pack(rec_start, rec_end), at) != _RECORD.size:
+                raise OSError(28, "short write to the ranges log")
+            self._last = (at, rec_start, rec_end)
         self.changed.add(start, end)
-        if self.fd is None:
-            return
-        last = self._last
-        if last is not None and last[1] <= start <= last[2]:  # continues the last record
-            at, start, end = last[0], last[1], max(end, last[2])
-        else:
-            at = os.fstat(self.fd).st_size if last is None else last[0] + _RECORD.size
-        if os.pwrite(self.fd, _RECORD.pack(start, end), at) != _RECORD.size:
-            raise OSError(28, "short write to the ranges log")
-        self._last = (at, start, end)
 
     def close(self, remove: bool) -> None:
         if self.fd is not None:

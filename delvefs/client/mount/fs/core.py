@@ -29,7 +29,7 @@ construction (each names what it uses; arrows point at what a part calls):
 ``publisher``   directory renames published as one batch: records, manifests, recovery
                                                                           → uploads, tree
 ``namespace``   unlink, mkdir, rmdir, rename            → uploads, deletes, publisher, listings
-``xattrs``      extended attributes                           → properties, written, listings
+``xattrs``      extended attributes                    → properties, written, listings, reads
 ``attributes``  lookup, getattr, access, forget, opendir / readdir, statfs       → listings
 ``confirmations``  waits until the handler has what this mount wrote (``delvefs sync``)
 ``shape``, ``writing``  subsystems: records of parts the widest parts are given together
@@ -120,13 +120,14 @@ class FileSystem:
                              cache, store, settings)
         self.readahead = ReadAhead(cache, store)
         self.reads = Reads(self.table, self.handles, self.tree, self.written, self.readahead,
-                           cache, store)
+                           cache, store, settings)
         self.publisher = Publisher(store, cache, self.written, self.uploads, self.tree)
         self.writing = Writing(self.written, self.uploads, self.deletes, self.properties,
                                self.publisher)
         self.namespace = Namespace(self.shape, self.listings, self.writing, self.reads, cache,
                                    store, settings)
-        self.xattrs = Xattrs(self.table, self.listings, self.properties, self.written, cache, handler)
+        self.xattrs = Xattrs(self.table, self.listings, self.properties, self.written, cache, handler,
+                             unconfirmed=self.reads.unconfirmed)
         self.confirmations = Confirmations(handler, store.written)
         self.passthrough = None  # the FUSE adapter's, once it attaches it
         self.attributes = Attributes(self.table, self.handles, self.tree, self.listings,

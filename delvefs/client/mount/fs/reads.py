@@ -13,12 +13,21 @@ longer in the cache and no longer in S3 is EIO, never a byte of another version.
 Every read of a clean copy tells the read-ahead part (``delvefs.client.mount.fs.readahead``),
 which fetches ahead of sequential readers; a handle's close stops its fetches. The kernel
 may keep the pages it cached for an inode when the ETag it was served is still the node's.
+
+Stale-if-error (``stale_if_error=on``, the default; as an HTTP cache's, RFC 5861): an open
+whose revalidation S3 cannot answer (no connection, a reset, a timeout, 5xx) is served
+the cached copy; its HEAD is one try then. :class:`Unconfirmed` keeps which copies are
+served so and since when (``user.delvefs.unconfirmed``), logs each once per outage and
+counts the opens; the next revalidation S3 answers ends it. A 404 or another version in
+S3 is an answer: served as without S3 trouble.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import time
+from datetime import datetime, timezone
 
 from ..cache.cacheentry import CacheEntry
 from ..errors import FsError, StoreError, cache_failure, read_failed, store_failure
@@ -35,11 +44,49 @@ log = logging.getLogger(__name__)
 KEEP_FOR_READERS_MAX = 256 << 20
 
 
+class Unconfirmed:
+    """The cached copies opens are served although S3 could not be asked whether they are
+    still current (stale-if-error): per (bucket, key) the version served, since when (wall
+    clock, the first failed revalidation of this outage) and why. ``opens`` counts the
+    opens served so (the mount's metrics)."""
+
+    def __init__(self):
+        self.copies: dict[tuple[str, str], tuple[str, float, str]] = {}
+        self.opens = 0
+
+    def served(self, bucket: str, key: str, etag: str, reason: str) -> None:
+        """An open of version ``etag`` is served its cached copy, unconfirmed: logged once
+        per copy until S3 answers about it again."""
+        self.opens += 1
+        held = self.copies.get((bucket, key))
+        if held is not None and held[0] == etag:
+            return
+        self.copies[(bucket, key)] = (etag, time.time(), reason)
+        log.warning("%s/%s: S3 cannot be asked whether the cached copy is current (%s): "
+                    "serving it unconfirmed (stale_if_error=on)", bucket, key, reason)
+
+    def confirmed(self, bucket: str, key: str) -> None:
+        """S3 answered a revalidation of ``bucket/key``: its copy is no longer unconfirmed."""
+        if self.copies.pop((bucket, key), None) is not None:
+            log.info("%s/%s: S3 answers again about the cached copy", bucket, key)
+
+    def text(self, bucket: str, key: str, etag: str) -> str | None:
+        """``user.delvefs.unconfirmed`` of version ``etag``: "since <UTC time>: <reason>",
+        or None when its copy is not served unconfirmed."""
+        held = self.copies.get((bucket, key))
+        if held is None or held[0] != etag:
+            return None
+        since = datetime.fromtimestamp(held[1], timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"since {since}: S3 could not be asked: {held[2]}"
+
+
 class Reads:
     """open (for reading), read and release of file handles."""
 
     def __init__(self, table: InodeTable, handles: Handles, tree: Tree, written,
-                 readahead: ReadAhead, cache, store):
+                 readahead: ReadAhead, cache, store, settings=None):
+        self.stale_if_error = settings is None or settings.stale_if_error == "on"
+        self.unconfirmed = Unconfirmed()
         self.table = table
         self.readahead = readahead
         self.handles = handles
@@ -115,7 +162,9 @@ class Reads:
         here, as a byte of it gone from S3 would be EIO). A newer version moves the name to
         the new version: the same inode with its pages dropped, or, while others read this
         one (or the kernel's writeback cache holds its size), a new inode, and the open fails
-        ESTALE: the kernel then looks the name up again and opens that."""
+        ESTALE: the kernel then looks the name up again and opens that. S3 that cannot be
+        asked (stale-if-error, module docstring): the open is served what is held of the
+        version, unconfirmed; with ``stale_if_error=off`` it fails EIO."""
         vs = node.parent.view
         others = self.handles.reading(node)
         cached = self.cache.get(vs.bucket, node.key)
@@ -125,12 +174,22 @@ class Reads:
         whole = holder is not None and (holder.entry.present is None or holder.entry.present.covers(
             0, min(holder.entry.size, holder.entry.source_len)))
         try:
+            # one try when an unreachable S3 has an answer here (the cached copy): an open
+            # waits at most one connect or read timeout, a refused connection not at all
             info = await self.cache.current(self.store, vs.bucket, node.key, etag=node.etag,
-                                            ttl=0.0 if others and not whole else vs.ttl)
+                                            ttl=0.0 if others and not whole else vs.ttl,
+                                            once=self.stale_if_error)
         except StoreError as exc:
+            if exc.unreachable and self.stale_if_error:
+                # an outage of S3 takes away no data this mount holds (as a handler outage
+                # takes away no listing): served, and said so
+                self.unconfirmed.served(vs.bucket, node.key, node.etag, str(exc))
+                return
             if exc.errno != errno.ENOENT:
                 raise store_failure(exc, "opening", vs.bucket, node.key) from exc
+            self.unconfirmed.confirmed(vs.bucket, node.key)
             return  # deleted: what is cached of the version is all there is
+        self.unconfirmed.confirmed(vs.bucket, node.key)
         if info is None:
             return
         if node.gone:  # the name moved on while S3 was asked

@@ -101,8 +101,9 @@ class Uploads:
         True when uploaded (or clean already), False when it is a scratch file (its name
         cannot match its view) or a conflict copy. Raises FsError (one log line naming the
         object); the entry then stays dirty and is retried — or, when S3 has another
-        version, is kept as a conflict copy (EIO). ``give_way`` (the background uploader):
-        a multipart upload of a file nobody wrote when it began is given up when the file
+        version, is kept as a conflict copy (EIO). A file a write into failed is never
+        uploaded: its errno (``WrittenFiles.failed_write``). ``give_way`` (the background
+        uploader): a multipart upload of a file nobody wrote when it began is given up when the file
         is opened for writing or changed meanwhile (raises Superseded; the close that
         follows, or the one that came, queues it again) — a tool that creates a file,
         closes it and opens it again to write (fio's layout, a header then the body) would
@@ -113,6 +114,9 @@ class Uploads:
                 return True
             if entry.meta.get("conflict"):
                 return False
+            failed = self.written.failed_write(entry)
+            if failed is not None:  # partial: never uploaded (``WrittenFiles.write_failed``)
+                raise failed
             bucket, key, meta = entry.bucket, entry.key, entry.meta
             vs = self.catalog.get(meta.get("view"))
             base = meta.get("base")
@@ -309,6 +313,29 @@ class Uploads:
                 pass
         self.tree.local_put(bucket, key, {"key": key, "size": info["size"],
                                           "mtime": info["mtime"], "etag": info["etag"]}, tags)
+
+    async def show_remote(self, bucket: str, key: str, *, existing: bool) -> None:
+        """The local content of ``bucket/key`` was dropped (a write into it had failed): its
+        nodes show what S3 has. A file S3 did not have (not ``existing``) goes (an object
+        another writer made meanwhile shows with the handler's news); else the version a
+        HEAD finds is shown, the kernel's pages of the dropped content invalidated."""
+        self.tree.drop_local(bucket, key, None)
+        if not existing:
+            return
+        try:
+            info = await self.store.head(bucket, key)
+        except StoreError as exc:
+            if exc.errno == errno.ENOENT:
+                self.tree.local_delete(bucket, key)
+            else:
+                log.warning("%s/%s: asking S3 for the version its dropped changes were based on: "
+                            "%s (the view shows it again with its next change)", bucket, key, exc)
+            return
+        mtime_ns = int(info["mtime"] * 1e9)
+        for vs in self.catalog.of_bucket(bucket):
+            node = self.tree.find(vs, key)
+            if node is not None and not node.is_dir:
+                self.tree.object_changed(node, info["size"], mtime_ns, info["etag"])
 
     async def copy_into(self, entry: CacheEntry, src_bucket: str, src_key: str,
                         tags: dict) -> dict:

@@ -209,22 +209,32 @@ class Writes:
                 self.tree.dirtied(vs, node, entry)
             self.written.journal(entry)
         except StoreError as exc:
-            raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
+            raise self._write_failed(
+                entry, store_failure(exc, "writing", entry.bucket, entry.key)) from exc
         try:
-            n = os.pwrite(h.fd, data, off)
+            n = self.cache.pwrite(h.fd, data, off)  # (a full disk: clean blocks make room)
         except OSError as exc:
-            raise cache_failure(exc, "writing", entry) from exc
+            raise self._write_failed(entry, cache_failure(exc, "writing", entry)) from exc
         grew = off + n > entry.size
         try:
             self.written.written(entry, off, off + n)
         except StoreError as exc:
-            raise store_failure(exc, "writing", entry.bucket, entry.key) from exc
+            raise self._write_failed(
+                entry, store_failure(exc, "writing", entry.bucket, entry.key)) from exc
         self.tree.shown_as(node, size=entry.size, mtime_ns=time.time_ns())
         if grew:
             self.tree.sizes(entry)
         if self.stream_parts:
             self.uploads.stream(entry, off, off + n)
         return n
+
+    def _write_failed(self, entry: CacheEntry, failure: FsError) -> FsError:
+        """A write (truncate, fallocate) into the written file failed with ``failure``: the
+        file is partial now, never uploaded; every close and fsync of it answers that errno
+        and its last close drops its changes (``WrittenFiles.write_failed``). Returns
+        ``failure``, for the caller to raise."""
+        self.written.write_failed(entry, failure.errno)
+        return failure
 
     def written_by_kernel(self, h: FileHandle, size: int, mtime_ns: int) -> None:
         """FUSE passthrough (delvefs.client.mount.passthrough): the kernel wrote the handle's
@@ -338,7 +348,7 @@ class Writes:
         on in its descriptors, read and written through them, its size as written, until the
         last one closes; then its bytes go nowhere (as on any file system)."""
         try:
-            n = os.pwrite(h.fd, data, off)
+            n = self.cache.pwrite(h.fd, data, off)
         except OSError as exc:
             raise cache_failure(exc, "writing", h.entry) from exc
         self._orphan_size(h, max(h.entry.size, off + n))
@@ -361,12 +371,17 @@ class Writes:
 
     async def flush(self, fh: int) -> None:
         """close(2) of a descriptor: the last writing handle uploads (errors returned); in
-        eager mode it only makes the file safe in the journal and queues the upload."""
+        eager mode it only makes the file safe in the journal and queues the upload. Every
+        close of a file a write into failed answers that write's errno, and nothing is
+        uploaded or queued (as NFS reports a failed write back at close)."""
         self.written.request_seen()
         h = self.handles.files.get(fh)
         if h is None or not h.writer:
             return
         entry = h.entry
+        failed = self.written.failed_write(entry)
+        if failed is not None:
+            raise failed
         if entry.writers <= 1 and self._live(h):
             if self.eager:
                 self._persist(entry)
@@ -384,13 +399,29 @@ class Writes:
 
     async def release(self, fh: int) -> None:
         """A writing handle closed (after its flush): its descriptor closed, one writer less;
-        a file its flush could not upload is left to the background uploader (retried)."""
+        a file its flush could not upload is left to the background uploader (retried); the
+        last close of a file a write into failed drops its changes (``_drop_failed``)."""
         closed = self.handles.close_file(fh)
         if closed is None:
             return
         h, entry = closed
         if entry is not None:
             self.written.release_writer(entry, named=not h.node.gone)
+            if entry.writers == 0 and self.written.failed_write(entry) is not None:
+                await self._drop_failed(entry)
+
+    async def _drop_failed(self, entry: CacheEntry) -> None:
+        """Nobody writes a file a write into failed any more: its local changes are dropped,
+        never uploaded, and its key shows what S3 has — the version it was based on, or
+        nothing for a new file (``Uploads.show_remote``)."""
+        async with self.uploads.entry_lock(entry):  # an upload under way ends first
+            if entry.writers or self.written.failed_write(entry) is None:
+                return  # opened for writing again meanwhile (still failed), or emptied (O_TRUNC)
+            bucket, key = entry.bucket, entry.key
+            base = (entry.meta or {}).get("base", entry.etag)
+            self.uploads.unschedule(entry)
+            self.written.drop_failed(entry)
+        await self.uploads.show_remote(bucket, key, existing=base != "")
 
     async def fsync(self, fh: int) -> None:
         """fsync(2) and fdatasync(2) alike: the file uploaded (its error returned); with
@@ -399,6 +430,9 @@ class Writes:
         h = self.handles.files.get(fh)
         if h is None or not h.writer:
             return
+        failed = self.written.failed_write(h.entry)
+        if failed is not None:  # a write into it failed: its errno, nothing uploaded
+            raise failed
         if not self._live(h):
             return
         if self.fsync_local:
@@ -447,13 +481,18 @@ class Writes:
                 try:
                     self.written.redirty(entry, vs.name)
                 except StoreError as exc:
-                    raise store_failure(exc, "truncating", entry.bucket, entry.key) from exc
+                    raise self._write_failed(
+                        entry, store_failure(exc, "truncating", entry.bucket, entry.key)) from exc
         else:
             entry = await self._make_writable(node, truncate=size == 0)
         try:
             self.written.truncate(entry, size)
         except StoreError as exc:
-            raise store_failure(exc, "truncating", entry.bucket, entry.key) from exc
+            failure = self._write_failed(
+                entry, store_failure(exc, "truncating", entry.bucket, entry.key))
+            if entry.writers == 0:  # truncate(2): nobody closes it later
+                await self._drop_failed(entry)
+            raise failure from exc
         self.uploads.truncated(entry, size)
         self.tree.dirtied(node.parent.view, node, entry)
         self.tree.sizes(entry)

@@ -35,6 +35,16 @@ again through a handle still open after an upload), ``update_record`` (tags set 
 dirty, a rename's view), ``rekey`` (a rename), ``unsource`` (no longer based on the
 source's bytes), ``discard`` (unlinked or replaced: gone).
 
+Failed writes. A write (or truncate) into a written file that the cache disk refused
+(ENOSPC, EDQUOT, EIO, ...) leaves the file partial — what happened to be written — so it
+is never uploaded as if it were whole: ``write_failed`` marks it with the errno, in memory
+and in its record (``write_error``; when the full disk cannot take the rewritten record,
+the record is removed instead: the killed mount's next start must not upload it). Every
+close and fsync of it answers that errno (``failed_write``), the uploader and ``upload``
+pass it by, and its last writer's release drops its local changes (``drop_failed``: the
+key shows what S3 has again); a record with the mark is dropped the same way at the next
+start (``restore``). A new open with O_TRUNC empties it and starts a new file (``take``).
+
 Write-back delay (eager mode, ``settings.write_back`` seconds, as rclone's
 ``--vfs-write-back`` or the kernel's dirty_expire): a closed file *waits* until it was left
 unchanged that long — a close of a writer, a truncate or a rename starts its wait again —
@@ -71,6 +81,7 @@ it is dropped.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -80,7 +91,7 @@ import trio
 
 from ..cache.cacheentry import CacheEntry
 from ..cache.datacache import DataCache
-from ..errors import StoreError, cache_file_error
+from ..errors import FsError, StoreError, cache_file_error
 from ..cache.journal import sync_path
 from ..cache.ranges import RangeSet
 from ..cache.rangeslog import RangesLog
@@ -89,6 +100,8 @@ log = logging.getLogger(__name__)
 
 # files from this size on count by their allocated blocks in the backlog's bytes
 SPARSE_FROM = 8 << 20
+# the room a journal record or ranges log write asks for on a full cache disk
+RECORD_ROOM = 64 << 10
 
 
 def _held_bytes(entry: CacheEntry) -> int:
@@ -137,6 +150,10 @@ class WrittenFiles:
         self._hurried: dict[str, int] = {}  # file -> its gen when an fsync asked for it
         self._retry: dict[str, tuple[float, float]] = {}  # file -> (next attempt, delay)
         self._failures: dict[str, str] = {}  # file -> why its last upload failed
+        # file -> the errno of a write into it that failed (never uploaded; see the docstring)
+        self._write_errors: dict[str, int] = {}
+        self.failed_writes = 0   # writes and truncates into written files the cache disk refused
+        self.dropped_files = 0   # files not uploaded, their changes dropped: a write had failed
         self._uploading: set[str] = set()    # files whose upload request runs now
         # file -> (gen, ETag) of a rebuild whose completion went unanswered
         self._unanswered: dict[str, tuple[int, str]] = {}
@@ -174,6 +191,8 @@ class WrittenFiles:
                 self.truncate(entry, 0)
             for field, value in self._record(entry, view=view, base=base).items():
                 entry.meta.setdefault(field, value)
+            if truncate:  # emptied: a new file, whatever a failed write left in the old one
+                self._clear_failure(entry)
             return entry
         if entry is not None and entry.writers:
             # uploaded (an fsync) while a descriptor still writes to it: it stays the key's
@@ -181,6 +200,8 @@ class WrittenFiles:
             self.redirty(entry, view)
             if truncate and entry.size:
                 self.truncate(entry, 0)
+            if truncate:
+                self._clear_failure(entry)
             return entry
         sparse = not truncate and bool(base) and size > 0
         clean = entry if sparse and entry is not None and entry.etag == base \
@@ -215,15 +236,15 @@ class WrittenFiles:
         r["bucket"], r["key"] = entry.bucket, entry.key
         lg = self._log(entry)
         if lg is not None and entry.source is not None:
-            try:
-                lg.open()  # before the record names its source (see the module's docstring)
+            try:  # before the record names its source (see the module's docstring)
+                self.cache.with_room(lg.open, RECORD_ROOM)
             except OSError as exc:
                 raise cache_file_error(exc, f"ranges log of {entry.bucket}/{entry.key}") from exc
             r["source"], r["source_len"] = list(entry.source), entry.source_len
         else:
             r.pop("source", None)
             r.pop("source_len", None)
-        self._records.write(r, unless_same=unless_same)
+        self.cache.with_room(lambda: self._records.write(r, unless_same=unless_same), RECORD_ROOM)
         entry.journaled = True  # only once it is on disk: a failed write is tried again
 
     def persist(self, entry: CacheEntry) -> None:
@@ -302,6 +323,64 @@ class WrittenFiles:
             self.queue(entry)
         self.cache.release(entry)
 
+    # ------------------------------------------------------------ failed writes
+
+    def write_failed(self, entry: CacheEntry, err: int) -> None:
+        """A write (or truncate) into the written file failed with ``err``: what it holds is
+        partial, never to be uploaded (see the module's docstring); the first failure's
+        errno stays. Its record says so — or, when the cache disk refuses the rewritten
+        record too, is removed: a killed mount's next start must not upload the file."""
+        self.failed_writes += 1
+        name = os.path.basename(entry.path)
+        if name in self._write_errors:
+            return
+        self._write_errors[name] = err
+        code = errno.errorcode.get(err, str(err))
+        log.warning("%s/%s: a write failed (%s): not uploaded; every close and fsync of it "
+                    "fails with %s, its last close drops its changes", entry.bucket, entry.key,
+                    code, code)
+        self.unqueue(entry)
+        if entry.meta is None:
+            return
+        entry.meta["write_error"] = code
+        if entry.journaled:
+            try:
+                self._write(entry)
+            except StoreError as exc:
+                log.warning("journal of %s/%s: %s: its record removed instead", entry.bucket,
+                            entry.key, exc)
+                self._records.remove(entry.meta, at_once=True)
+                entry.journaled = False  # (written again, with the mark, by a later write)
+
+    def failed_write(self, entry: CacheEntry) -> FsError | None:
+        """The error every close, fsync and upload of the file answers since a write into it
+        failed; None when none did."""
+        err = self._write_errors.get(os.path.basename(entry.path))
+        if err is None:
+            return None
+        return FsError(err, f"{entry.bucket}/{entry.key}: not uploaded: a write failed "
+                       f"({errno.errorcode.get(err, err)})", logged=True)
+
+    def _clear_failure(self, entry: CacheEntry) -> None:
+        """The file was emptied by a new open (O_TRUNC): no failed write is in it any more."""
+        if self._write_errors.pop(os.path.basename(entry.path), None) is None:
+            return
+        if entry.meta is not None and entry.meta.pop("write_error", None) is not None \
+                and entry.journaled:
+            self._write(entry)
+
+    def drop_failed(self, entry: CacheEntry) -> None:
+        """The last writer of a file a write into failed is gone: its local changes are
+        dropped, never uploaded (descriptors still reading it keep their bytes); the caller
+        shows what S3 has at its key."""
+        err = self._write_errors.get(os.path.basename(entry.path), errno.EIO)
+        log.warning("%s/%s: not uploaded: a write failed (%s): its local changes are dropped, "
+                    "the name shows what S3 has", entry.bucket, entry.key,
+                    errno.errorcode.get(err, err))
+        self.dropped_files += 1
+        self.unqueue(entry)
+        self.orphan(entry)
+
     def written(self, entry: CacheEntry, start: int, end: int) -> None:
         """Bytes [start, end) were written to the entry's file (journaled before). Raises
         StoreError when the ranges log cannot take them."""
@@ -314,7 +393,7 @@ class WrittenFiles:
             lg = self._log(entry)
             if lg is not None:
                 try:
-                    lg.add(start, end)
+                    self.cache.with_room(lambda: lg.add(start, end), RECORD_ROOM)
                 except OSError as exc:
                     raise cache_file_error(exc, f"ranges log of {entry.bucket}/{entry.key}") from exc
 
@@ -355,6 +434,9 @@ class WrittenFiles:
         on the version it uploaded."""
         entry.dirty = True
         entry.meta = self._record(entry, view=view, base=entry.etag or "")
+        err = self._write_errors.get(os.path.basename(entry.path))
+        if err is not None:  # a write into it failed meanwhile: still never uploaded
+            entry.meta["write_error"] = errno.errorcode.get(err, str(err))
         self._write(entry)
 
     def update_record(self, entry: CacheEntry, **changes) -> None:
@@ -410,6 +492,7 @@ class WrittenFiles:
 
     def discard(self, entry: CacheEntry) -> None:
         """Drop an entry whatever its state (its file was unlinked / replaced)."""
+        self._write_errors.pop(os.path.basename(entry.path), None)
         entry.dirty = False
         self._unjournal(entry)
         self.cache.drop(entry)
@@ -434,6 +517,8 @@ class WrittenFiles:
         close, a truncate, a rename): in eager mode it waits out the write-back delay first
         (its wait starts again). ``failed``: its upload failed: tried again after a backoff."""
         name = os.path.basename(entry.path)
+        if name in self._write_errors:  # partial: never uploaded (``write_failed``)
+            return
         if not entry.journaled:  # left to the background: must survive a crash now
             try:
                 self.journal(entry)
@@ -509,7 +594,8 @@ class WrittenFiles:
         leaving = []
         try:
             for name, entry in self._pending.items():
-                if not entry.dirty or entry.meta is None or entry.writers:
+                if not entry.dirty or entry.meta is None or entry.writers \
+                        or name in self._write_errors:
                     leaving.append(name)
                     continue
                 yield name, entry, self._retry.get(name, (now, 0.0))[0]
@@ -592,6 +678,9 @@ class WrittenFiles:
             return "conflict", f"S3 has another version of {conflict.get('key')}: {conflict.get('reason')}"
         if name in self._uploading:
             return "uploading", None
+        if name in self._write_errors:
+            return "failed", (f"a write failed ({errno.errorcode.get(self._write_errors[name])}): "
+                              "not uploaded, its changes are dropped at its last close")
         if name in self._failures:
             return "failed", self._failures[name]
         if name in self._waiting:
@@ -610,6 +699,16 @@ class WrittenFiles:
         records = self.cache.take_recovered()
         restored = []
         for r in records:
+            if r.get("write_error"):  # partial (``write_failed``): dropped, as at its last close
+                log.warning("journal record of %s/%s: not uploaded: a write failed (%s) before "
+                            "the mount ended: its local changes are dropped", r["bucket"], r["key"],
+                            r["write_error"])
+                self.dropped_files += 1
+                self._records.remove(r)
+                for path in (self.cache.dir / r["file"], self.cache.dir / (r["file"] + ".ranges")):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                continue
             entry = CacheEntry(r["bucket"], r["key"], str(self.cache.dir / r["file"]))
             entry.etag = ""
             entry.size = os.stat(entry.path).st_size

@@ -8,8 +8,11 @@ and ``user.delvefs.stale`` (whether the handler gave the last refresh: "0", or "
 <time>: <reason>"), and accepts ``user.delvefs.sync`` (wait for a handler version). A file not yet in S3 as
 written answers ``user.delvefs.upload``: ``waiting`` (an eager mount's write-back delay),
 ``pending``, ``uploading``, ``failed: <reason>``
-or ``conflict: <reason>`` (absent once uploaded). Other namespaces (security.*, system.*,
-trusted.*) are not supported.
+or ``conflict: <reason>`` (absent once uploaded). A file whose cached copy an open was
+served although S3 could not be asked whether it is current (stale-if-error,
+``delvefs.client.mount.fs.reads``) answers ``user.delvefs.unconfirmed``: "since <time>:
+S3 could not be asked: <reason>" (absent once S3 answers an open's revalidation again).
+Other namespaces (security.*, system.*, trusted.*) are not supported.
 """
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ class Xattrs:
     VIEW_ATTRIBUTES = ["user.delvefs.view", "user.delvefs.stale"]
 
     def __init__(self, table: InodeTable, listings: Listings, properties: Properties,
-                 written: WrittenFiles, cache, handler):
+                 written: WrittenFiles, cache, handler, unconfirmed=None):
         self.table = table
+        self.unconfirmed = unconfirmed  # reads.Unconfirmed: copies served unconfirmed
         self.listings = listings
         self.properties = properties
         self.written = written
@@ -46,6 +50,13 @@ class Xattrs:
             return None
         state, reason = self.written.upload_state(entry)
         return f"{state}: {reason}" if reason else state
+
+    def _unconfirmed_text(self, node: File) -> str | None:
+        """``user.delvefs.unconfirmed`` of a file: None unless its version's cached copy is
+        served without S3's confirmation."""
+        if self.unconfirmed is None or not node.etag:
+            return None
+        return self.unconfirmed.text(node.parent.view.bucket, node.key, node.etag)
 
     def view_info(self, vs: ViewState) -> dict:
         """What ``user.delvefs.view`` on a view's directory answers (delvefs watch):
@@ -85,6 +96,11 @@ class Xattrs:
             if state is None:
                 raise FsError(errno.ENODATA)
             return state.encode()
+        if name == "user.delvefs.unconfirmed":  # asks nothing of S3 (it may be down)
+            text = self._unconfirmed_text(node)
+            if text is None:
+                raise FsError(errno.ENODATA)
+            return text.encode()
         if name == "user.delvefs.etag":
             return node.etag.encode()
         if name == "user.delvefs.bucket":
@@ -107,6 +123,8 @@ class Xattrs:
             return list(self.VIEW_ATTRIBUTES) if vs is not None and node is vs.top else []
         tags, metadata = await self.properties.of(node)
         upload = ["user.delvefs.upload"] if self._upload_text(node) is not None else []
+        if self._unconfirmed_text(node) is not None:
+            upload.append("user.delvefs.unconfirmed")
         return ([*self.FACTS] + upload + [f"user.{t}" for t in sorted(tags)]
                 + [f"user.meta.{m}" for m in sorted(metadata)])
 
