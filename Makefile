@@ -1,5 +1,5 @@
 # The two commands of the README. Both bootstrap first (idempotent, see scripts/bootstrap.sh).
-.PHONY: demo test bootstrap unit services services-tests slow-tests clean test-clean-bootstrap
+.PHONY: demo test bootstrap unit services services-tests faults-tests slow-tests clean test-clean-bootstrap
 
 PY := .venv/bin/python
 
@@ -28,6 +28,11 @@ unit: bootstrap
 SERVICES_TIERS := tests --ignore=tests/unit --ignore=tests/core
 services-tests: bootstrap
 	$(PY) -m pytest -ra $(SERVICES_TIERS) $(XDIST) $(PYTEST_ARGS)
+
+# The fault tier alone (part of services-tests): the object store, the broker and the handler
+# killed, stopped and slowed under writes, a small cache disk filled (docs/OPERATIONS.md).
+faults-tests: bootstrap
+	$(PY) -m pytest -ra tests/faults $(XDIST) $(PYTEST_ARGS)
 
 # Re-measure which tests are slow: the services tiers one by one with every duration into
 # build/durations.txt (15-25 minutes), then tests/slow_tests.txt from it (5 s or more).

@@ -214,6 +214,7 @@ class LagMonitor(threading.Thread):
 class Consumer(threading.Thread):
     kind = "amqp"  # the event source, as /healthz and /v1/status name it
     OUTAGE_SETTLE = 3.0  # s after a broker outage before the queue is fenced and buckets reconciled
+    OUTAGE_EVENTS_WAIT = 30.0  # s at most that reconcile waits for the store's events to flow again
 
     def __init__(self, url: str, exchange: str, engine, metrics, *, queue: str | None = None,
                  prefetch: int = 4000, max_batch: int = 2000, on_fatal=None, sharding=None,
@@ -323,15 +324,25 @@ class Consumer(threading.Thread):
         and without a queue dir it dropped those events (publisher confirms make it log them,
         not keep them): re-list the tracked buckets now rather than at the next periodic
         reconcile — once the events that did come (MinIO's queue dir, other publishers
-        retrying) are applied: after ``OUTAGE_SETTLE`` seconds and a fence through the
-        queue, so that the repairs counted are the events that were lost, not late."""
+        retrying) are applied and the store's events flow again (MinIO reconnects to the
+        broker in its own time and drops events until then): after ``OUTAGE_SETTLE``
+        seconds, an event of a change made since the broker came back (or
+        ``OUTAGE_EVENTS_WAIT`` s without one) and a fence through the queue — so that the
+        listing sees every object whose event was lost, and the repairs counted are the
+        events that were lost, not late."""
         log.warning("the broker was unreachable for %.1f s: reconciling the tracked buckets "
                     "once the queue is drained (events MinIO could not publish meanwhile)", seconds)
+
+        back = time.time()
 
         def reconcile() -> None:
             try:
                 if self._stopping.wait(self.OUTAGE_SETTLE):
                     return
+                deadline = time.monotonic() + self.OUTAGE_EVENTS_WAIT
+                while self.metrics.newest_event < back and time.monotonic() < deadline:
+                    if self._stopping.wait(0.1):
+                        return
                 drained = threading.Event()
                 passed = drained.set
                 if self.request_fence(passed) and not drained.wait(60):

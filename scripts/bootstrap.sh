@@ -7,7 +7,9 @@
 #   2. a Go new enough for the pinned MinIO: a Go on PATH that is new enough is used as it
 #      is; otherwise Go's own toolchain module (golang.org/toolchain, through the Go module
 #      proxy, checksum-verified by the installed go) into $GO_DIR;
-#   3. a pinned MinIO server built with `go install` into $DELVEFS_BIN (outside the repo);
+#   3. a pinned MinIO server built with `go install` into $DELVEFS_BIN (outside the repo),
+#      and a pinned toxiproxy server (the benchmarks' distance to S3: delvefs/devtools/distance.py)
+#      the same way, as $DELVEFS_BIN/toxiproxy-server;
 #   4. .venv/ with pyfuse3 built from its pinned sdist with contrib/pyfuse3's patches
 #      (fallocate and copy_file_range; KILLPRIV and the session loop; FUSE passthrough: INIT
 #      flag, backing ids, FOPEN_PASSTHROUGH; rebuilt when a patch
@@ -25,6 +27,7 @@ cd "$root"
 MINIO_VERSION=${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}
 # the toolchain line of that MinIO's go.mod; its go line (1.24.0) is the minimum
 GO_TOOLCHAIN=${GO_TOOLCHAIN:-go1.24.8}
+TOXIPROXY_VERSION=${TOXIPROXY_VERSION:-v2.5.0}
 GO_MINIMUM=1.24
 DELVEFS_BIN=${DELVEFS_BIN:-$HOME/.cache/delvefs/bin}
 GO_DIR="$(dirname "$DELVEFS_BIN")/$GO_TOOLCHAIN"  # where a fetched toolchain goes
@@ -85,7 +88,7 @@ pick_go() {
   GO=$own
 }
 
-# --- 3. MinIO, pinned ------------------------------------------------------------------------
+# --- 3. MinIO and toxiproxy, pinned ----------------------------------------------------------
 stamp="$DELVEFS_BIN/.minio-version"
 if [ ! -x "$DELVEFS_BIN/minio" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$MINIO_VERSION" ]; then
   pick_go
@@ -94,6 +97,20 @@ if [ ! -x "$DELVEFS_BIN/minio" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$MINIO_V
   # GOTOOLCHAIN=local: the Go picked above builds it, no second switch
   GOTOOLCHAIN=local GOBIN="$DELVEFS_BIN" GOFLAGS=-mod=mod "$GO" install "github.com/minio/minio@$MINIO_VERSION"
   echo "$MINIO_VERSION" > "$stamp"
+fi
+
+# toxiproxy, pinned: `go install` names its binary after the package (`server`); built into a
+# directory of its own, then moved to $DELVEFS_BIN/toxiproxy-server
+stamp="$DELVEFS_BIN/.toxiproxy-version"
+if [ ! -x "$DELVEFS_BIN/toxiproxy-server" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$TOXIPROXY_VERSION" ]; then
+  pick_go
+  log "building toxiproxy $TOXIPROXY_VERSION with $("$GO" version | awk '{print $3}') (about 30 s, once)"
+  build="$DELVEFS_BIN/.toxiproxy-build"
+  rm -rf "$build"; mkdir -p "$build"
+  GOTOOLCHAIN=local GOBIN="$build" GOFLAGS=-mod=mod "$GO" install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
+  mv "$build/server" "$DELVEFS_BIN/toxiproxy-server"
+  rm -rf "$build"
+  echo "$TOXIPROXY_VERSION" > "$stamp"
 fi
 
 # --- 4. Python environment -------------------------------------------------------------------
@@ -120,4 +137,4 @@ if [ "$(id -u)" -eq 0 ] && [ -x "$helper" ] && [ "$(readlink /sbin/mount.fuse.de
   ln -sfn "$helper" /sbin/mount.fuse.delvefs
 fi
 
-log "ready in $(( $(date +%s) - started )) s (minio: $DELVEFS_BIN/minio)"
+log "ready in $(( $(date +%s) - started )) s (minio: $DELVEFS_BIN/minio, toxiproxy: $DELVEFS_BIN/toxiproxy-server)"

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 CHUNK = 64 * 1024
 # headers worth asserting on in S3 traffic (lower case)
 LOGGED_HEADERS = ("content-length", "if-match", "if-none-match", "x-amz-copy-source",
-                  "x-amz-decoded-content-length", "range")
+                  "x-amz-decoded-content-length", "range", "expect", "x-amz-tagging",
+                  "content-type", "connection")
 
 
 @dataclass

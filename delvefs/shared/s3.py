@@ -38,9 +38,10 @@ def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retri
     """A boto3 S3 client for ``settings`` (default: from the environment)."""
     import boto3
     import botocore.config
+    import botocore.handlers
 
     settings = settings or S3Settings.from_env()
-    return boto3.client(
+    client = boto3.client(
         "s3",
         endpoint_url=settings.endpoint_url,
         aws_access_key_id=settings.access_key,
@@ -56,6 +57,11 @@ def make_client(settings: S3Settings | None = None, *, max_pool: int = 32, retri
             signature_version="s3v4",
         ),
     )
+    # botocore asks before every PutObject and UploadPart body whether to send it
+    # (`Expect: 100-continue`): one round trip more per upload and part, for nothing on a
+    # store that answers errors anyway (the lean client never asks either)
+    client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+    return client
 
 
 def __getattr__(name: str):

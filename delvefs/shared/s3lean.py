@@ -13,6 +13,7 @@ import hmac
 import http.client
 import os
 import random
+import re
 import ssl
 import time
 import urllib.parse
@@ -241,6 +242,35 @@ class LeanClient:
                 raise failed
             self._keep(conn, resp)
 
+    def get_if_changed(self, bucket: str, key: str, start: int, end: int, *, etag: str,
+                       attempts: int | None = None) -> dict | None:
+        """A revalidation of version ``etag`` in one round trip: a ranged GET of bytes
+        [start, end) with If-None-Match. None when ``etag`` is still the object's version
+        (304); else the version S3 has — ``{"etag", "size", "mtime", "metadata", "start",
+        "data"}``, ``data`` its bytes from ``start`` (those of [start, end) it has) — as a
+        HEAD would tell and the first bytes with it. An empty object cannot answer a range
+        (416): then ``data`` is None and a HEAD tells the rest. ``attempts``: tries of this
+        request (default: the client's)."""
+        import email.utils
+        headers = {"range": f"bytes={start}-{end - 1}", "if-none-match": f'"{etag}"'}
+        try:
+            status, got, data = self._exchange("GET", bucket, key, headers, attempts=attempts,
+                                               accept=(304,))
+        except S3Error as exc:
+            if exc.status != 416:
+                raise
+            return {"data": None}
+        if status == 304:
+            return None
+        # 206: "Content-Range: bytes FIRST-LAST/SIZE"; 200: the whole object
+        span = re.fullmatch(r"bytes (\d+)-\d+/(\d+)", got.get("Content-Range", "").strip())
+        start, size = (int(span[1]), int(span[2])) if span else (0, len(data))
+        modified = got.get("Last-Modified")
+        return {"etag": got.get("ETag", "").strip('"'), "size": size,
+                "mtime": email.utils.parsedate_to_datetime(modified).timestamp() if modified else 0.0,
+                "metadata": {k[11:]: v for k, v in got.items() if k.lower().startswith("x-amz-meta-")},
+                "start": start, "data": data}
+
     def _keep(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
         if resp.will_close:
             conn.close()
@@ -280,6 +310,13 @@ class LeanClient:
     def _request(self, method: str, bucket: str, key: str, headers: dict[str, str] | None = None,
                  body: bytes = b"", query: str = "", attempts: int | None = None,
                  ) -> tuple[http.client.HTTPMessage, bytes]:
+        return self._exchange(method, bucket, key, headers, body, query, attempts)[1:]
+
+    def _exchange(self, method: str, bucket: str, key: str, headers: dict[str, str] | None = None,
+                  body: bytes = b"", query: str = "", attempts: int | None = None,
+                  accept: tuple[int, ...] = ()) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """(status, headers, body) of a 2xx answer, or of one whose status is in ``accept``;
+        any other answer is raised (:class:`S3Error`) once its tries are spent."""
         path = self.path(bucket, key)
         error: BaseException | None = None
         for attempt in range(max(1, attempts or self.attempts)):
@@ -295,8 +332,8 @@ class LeanClient:
                 error = exc
                 continue
             self._keep(conn, resp)
-            if resp.status < 300:
-                return resp.headers, data
+            if resp.status < 300 or resp.status in accept:
+                return resp.status, resp.headers, data
             error = self._error(method, resp.status, data)
             if resp.status not in _RETRY_STATUS and error.code not in _RETRY_CODES:
                 break

@@ -163,7 +163,7 @@ class FakeHandler:
 class FakeStore:
     def __init__(self):
         self.objects: dict[tuple[str, str], dict] = {}
-        self.calls = {"head": 0, "tags": 0, "download": 0}
+        self.calls = {"head": 0, "tags": 0, "download": 0, "revalidate": 0}
         self.wcalls = {"upload": 0, "copy": 0, "delete": 0, "put_tags": 0}
         self.conflicts = 0       # uploads refused by their condition
         self.part_size = 8 * 1024 * 1024   # files from this size on stream parts while written
@@ -185,6 +185,7 @@ class FakeStore:
         self.lists = 0           # ListObjectsV2 requests
         self.unreachable = False  # S3 down: every read-side request is refused at once
         self.heads_once = 0      # HEADs asked in one try (``once``: no retries)
+        self.revalidations_once = 0  # conditional GETs (get_if_changed) asked in one try
 
     def put(self, bucket: str, key: str, data: bytes, *, tags=None, metadata=None, mtime=1e9) -> dict:
         etag = hashlib.md5(data).hexdigest()
@@ -206,6 +207,18 @@ class FakeStore:
         self.heads_once += once
         o = self._get(bucket, key)
         return {"etag": o["etag"], "size": len(o["data"]), "mtime": o["mtime"], "metadata": o["metadata"]}
+
+    async def get_if_changed(self, bucket, key, start, end, *, etag, once=False):
+        """A ranged GET with If-None-Match (S3Store.get_if_changed): None when ``etag`` is
+        the object's version, else its facts and bytes [start, end)."""
+        self.calls["revalidate"] += 1
+        self.revalidations_once += once
+        o = self._get(bucket, key)
+        if o["etag"] == etag:
+            return None
+        data = o["data"]
+        return {"etag": o["etag"], "size": len(data), "mtime": o["mtime"],
+                "metadata": o["metadata"], "start": start, "data": bytes(data[start:end])}
 
     async def tags(self, bucket, key):
         self.calls["tags"] += 1

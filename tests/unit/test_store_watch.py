@@ -216,3 +216,20 @@ def test_the_repair_waits_for_the_stores_events_to_flow_again():
         stopping.set()
         watch.wake()
         t.join(5)
+
+
+def test_delvefs_status_says_whether_the_store_answers():
+    from delvefs.client.commands.status import format_handler
+    base = {"principal": "p", "uptime": 5, "buckets": {}, "views": [], "groups": [],
+            "dead_letters": {"count": 0, "recent": []},
+            "source": {"kind": "amqp", "queue": "q", "state": "connected", "messages": 0,
+                       "newest_event_age": None}}
+    up = format_handler({**base, "store": {"reachable": True, "unreachable_seconds": None,
+                                           "last_error": None, "repair_pending": False, "repairs": 2}})
+    assert "object store: reachable; 2 reconcile(s) after outages" in up
+    down = format_handler({**base, "store": {"reachable": False, "unreachable_seconds": 12.0,
+                                             "last_error": "ConnectionRefusedError: refused",
+                                             "repair_pending": True, "repairs": 0}})
+    assert "object store: UNREACHABLE for" in down and "ConnectionRefusedError" in down
+    assert "a reconcile after its outage is due" in down
+    assert "object store" not in format_handler(base)  # an older handler tells nothing

@@ -99,7 +99,18 @@ def format_handler(s: dict) -> str:
              + (f" ({src['error']})" if src.get("error") else "")
              + f"; {src['messages'] if src['messages'] is not None else '?'} waiting"
              + ("; no event applied yet" if src["newest_event_age"] is None
-                else f"; newest applied event {_age(src['newest_event_age'])} old"), ""]
+                else f"; newest applied event {_age(src['newest_event_age'])} old")]
+    store = s.get("store")
+    if store is not None:
+        if store["reachable"]:
+            text = "object store: reachable"
+        else:
+            text = (f"object store: UNREACHABLE for {_age(store['unreachable_seconds'])}"
+                    + (f" ({store['last_error']})" if store.get("last_error") else ""))
+        if store["repair_pending"]:
+            text += "; a reconcile after its outage is due"
+        lines.append(text + f"; {store['repairs']} reconcile(s) after outages")
+    lines.append("")
     rows = []
     for name, b in sorted(s["buckets"].items()):
         if "listing" in b:

@@ -169,13 +169,15 @@ async def _open_store(settings):
                              read_timeout=settings.s3_read_timeout)
     except ValueError:  # credentials from a profile or a role: boto3 for everything
         lean = None
+    options = {"copy_threshold": settings.copy_threshold,
+               "upload_concurrency": settings.upload_concurrency}
     if lean is not None:
-        return S3Store(make_client, copy_threshold=settings.copy_threshold, lean=lean), True
+        return S3Store(make_client, lean=lean, **options), True
     try:
         client = await trio.to_thread.run_sync(make_client)
     except Exception as exc:  # noqa: BLE001
         raise MountError(f"S3 client: {exc}") from None
-    return S3Store(client, copy_threshold=settings.copy_threshold), False
+    return S3Store(client, **options), False
 
 
 def _open_cache(settings, stack: contextlib.ExitStack):

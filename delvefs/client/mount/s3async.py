@@ -66,7 +66,8 @@ class S3Store:
 
     def __init__(self, client, *, threads: int = 32, part_size: int = 8 * 1024 * 1024,
                  part_concurrency: int = 10, copy_threshold: int = s3.MAX_SINGLE_COPY,
-                 lean: s3.LeanClient | None = None):
+                 lean: s3.LeanClient | None = None, upload_concurrency: int = 16,
+                 multipart_concurrency: int = 4):
         self._factory = client if callable(client) and not hasattr(client, "meta") else None
         self._client = None if self._factory is not None else client
         self._made = threading.Lock()
@@ -79,7 +80,11 @@ class S3Store:
         self._copier = None
         # renames below it are one CopyObject: the copy appears with its tags at once
         self.copy_threshold = copy_threshold
-        self._uploads = trio.CapacityLimiter(4)  # whole-object uploads at once
+        # whole-object uploads at once: single PutObjects (at a distance each one mostly
+        # waits: enough of them fill the link), and multipart uploads, fewer (each holds up
+        # to ``part_concurrency`` parts in memory)
+        self._uploads = trio.CapacityLimiter(max(1, upload_concurrency))
+        self._multipart_uploads = trio.CapacityLimiter(max(1, multipart_concurrency))
         self.lean = lean
         self.written = WriteLog()  # what S3 accepted, until the event handler confirms it
         self.requests: collections.Counter = collections.Counter()  # S3 operation -> calls
@@ -139,6 +144,31 @@ class S3Store:
                                     bucket, key)
         return await self._call(f"HEAD {bucket}/{key}", s3.head_object, LEAN, bucket, key)
 
+    async def get_if_changed(self, bucket: str, key: str, start: int, end: int, *, etag: str,
+                             once: bool = False) -> dict | None:
+        """Whether ``etag`` is still the object's version, in one round trip: a ranged GET
+        of bytes [start, end) with If-None-Match. None when it is (304, no bytes); else
+        ``{"etag", "size", "mtime", "metadata", "start", "data"}`` of the version S3 has,
+        ``data`` its bytes from ``start`` (None for an empty object: only a HEAD tells its
+        version, and one is asked then). ``once``: one try (as ``head``). A missing object
+        is StoreError ENOENT."""
+        what = f"GET {bucket}/{key} bytes {start}-{end - 1} unless version {etag}"
+        self.requests["GetObject"] += 1
+        if self.lean is not None:
+            get = functools.partial(self.lean.get_if_changed, bucket, key, start, end, etag=etag,
+                                    attempts=1 if once else None)
+        else:
+            def get():
+                return _boto_get_if_changed(self.client, bucket, key, start, end, etag)
+        try:
+            got = await trio.to_thread.run_sync(get, limiter=self._gets)
+        except Exception as exc:  # noqa: BLE001 — mapped to an errno
+            self.errors["GetObject"] += 1
+            raise store_error(exc, what) from exc
+        if got is not None and got["data"] is None:
+            return {**await self.head(bucket, key, once=once), "start": 0, "data": b""}
+        return got
+
     async def tags(self, bucket: str, key: str) -> dict[str, str]:
         return await self._call(f"GetObjectTagging {bucket}/{key}", s3.get_object_tags,
                                 CLIENT, bucket, key)
@@ -186,7 +216,7 @@ class S3Store:
         log.debug("S3 %s: %d bytes, based on %r", what, size, base)
         started = time.monotonic()
         since = time.time()
-        async with self._uploads:
+        async with self._uploads if size < self.part_size else self._multipart_uploads:
             if size < self.part_size:
                 try:
                     etag = await self._conditional(what, base, self._call(
@@ -460,6 +490,32 @@ class Multipart:
                                        self.key, upload_id)
             except StoreError as exc:
                 log.info("aborting %s: %s", self.what, exc)
+
+
+def _boto_get_if_changed(client, bucket: str, key: str, start: int, end: int,
+                         etag: str) -> dict | None:
+    """``S3Store.get_if_changed`` through a boto3 client (a worker thread)."""
+    import re
+    try:
+        r = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
+                              IfNoneMatch=f'"{etag}"')
+    except Exception as exc:  # noqa: BLE001 — 304 is the answer "unchanged"
+        code = s3.error_code(exc)
+        if code in ("304", "NotModified"):
+            return None
+        if code == "InvalidRange":
+            return {"data": None}
+        raise
+    body = r["Body"]
+    try:
+        data = body.read()
+    finally:
+        body.close()
+    span = re.fullmatch(r"bytes (\d+)-\d+/(\d+)", (r.get("ContentRange") or "").strip())
+    return {"etag": r.get("ETag", "").strip('"'),
+            "size": int(span[2]) if span else len(data), "start": int(span[1]) if span else 0,
+            "mtime": r["LastModified"].timestamp() if r.get("LastModified") else 0.0,
+            "metadata": dict(r.get("Metadata") or {}), "data": data}
 
 
 def _boto_get_range(client, bucket: str, key: str, start: int, end: int, etag: str, write,

@@ -108,8 +108,15 @@ def mounted(views: str, workdir: Path):
 
 
 def unmount(mnt: Path) -> None:
-    if os.path.ismount(mnt):
-        subprocess.run([*DELVEFS, "umount", str(mnt)], check=False)
+    if not os.path.ismount(mnt):
+        return
+    r = subprocess.run([*DELVEFS, "umount", str(mnt)], check=False, capture_output=True, text=True)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    if "scratch file left behind" in r.stdout + r.stderr:
+        # what the killed aligner wrote and never finished: dropped on purpose, not lost
+        log("demo", f"{mnt}: the scratch files above are the killed aligner's unfinished work, "
+                    "left behind as intended (its file went to another aligner); nothing was lost")
 
 
 # --- journals --------------------------------------------------------------------------------

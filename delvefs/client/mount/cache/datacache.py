@@ -132,6 +132,7 @@ class DataCache:
         self.got = 0        # bytes they brought
         self.fetching = 0   # fetches running now
         self.heads = 0
+        self.revalidations = 0  # conditional GETs asking whether a cached copy is current
         # reads (the mount's metrics): served from bytes present (hits) or after waiting
         # for a fetch (misses: ``waits`` counts the ensures that waited)
         self.hits = self.misses = self.hit_bytes = self.miss_bytes = 0
@@ -202,13 +203,21 @@ class DataCache:
                     or (now - entry.validated < ttl and (not etag or etag == entry.etag)))):
                 ev = self._busy[k] = trio.Event()
                 try:
-                    if entry is not None and entry.etag is not None and info is None and not exact:
-                        info = await self._head(store, bucket, key)
-                        if info["etag"] == entry.etag:
+                    if entry is not None and entry.etag is not None and info is None \
+                            and not exact and (not etag or etag == entry.etag):
+                        # the copy of the listed version is older than ttl: one conditional
+                        # GET (a listing that names another version goes straight to a GET
+                        # pinned to that one, below: a 412 or 404 there asks S3 which)
+                        self.revalidations += 1
+                        got = await store.get_if_changed(bucket, key, 0, self.block_size,
+                                                         etag=entry.etag)
+                        if got is None or got["etag"] == entry.etag:
                             entry.validated = trio.current_time()
                         else:
+                            info = {f: got[f] for f in ("etag", "size", "mtime", "metadata")}
                             etag, size = info["etag"], info["size"]
                             entry = self._new_version(bucket, key, etag, size)
+                            self._fill_first(entry, got)
                     else:
                         entry = self._new_version(bucket, key, etag, size)
                 finally:
@@ -674,19 +683,67 @@ class DataCache:
                       once: bool = False) -> dict | None:
         """Whether ``etag`` is still ``bucket/key``'s version: None when the cached copy of
         it was validated within ``ttl`` (trusted) or S3 says so (the copy is then validated
-        again), else S3's HEAD answer. ``once``: S3 asked in one try (the caller has an
-        answer of its own when it cannot be asked). Raises StoreError."""
+        again), else what S3 has (``{"etag", "size", "mtime", "metadata"}``). One round
+        trip: a conditional GET of the first block (If-None-Match ``etag``; ``revalidations``
+        counts them) — 304 confirms; another version's answer brings its first block
+        along, and the cache holds it as that version's new entry (``_took_first_block``),
+        so that the open that follows reads it without a request. ``once``: S3 asked in one
+        try (the caller has an answer of its own when it cannot be asked). Raises
+        StoreError."""
         entry = self.entries.get((bucket, key))
         now = trio.current_time()
         if entry is not None and entry.etag == etag and (entry.dirty or now - entry.validated < ttl):
             return None
-        info = await self._head(store, bucket, key, once)
-        if info["etag"] != etag:
-            return info
+        self.revalidations += 1
+        got = await store.get_if_changed(bucket, key, 0, self.block_size, etag=etag, once=once)
+        if got is not None and got["etag"] != etag:
+            self._took_first_block(bucket, key, got)
+            return {k: got[k] for k in ("etag", "size", "mtime", "metadata")}
         entry = self.entries.get((bucket, key))
         if entry is not None and entry.etag == etag:
             entry.validated = trio.current_time()
         return None
+
+    def _took_first_block(self, bucket: str, key: str, got: dict) -> None:
+        """S3 answered a revalidation with another version and its first bytes: they become
+        that version's entry (validated now) in place of the cached one — unless the key's
+        entry is being changed meanwhile (a version change under way, a writer, another
+        fetch took that version already). Best effort: without it the first read GETs them."""
+        k = (bucket, key)
+        entry = self.entries.get(k)
+        if k in self._busy or (entry is not None and (
+                entry.dirty or entry.writers or entry.etag == got["etag"])):
+            return
+        try:
+            new = self._new_version(bucket, key, got["etag"], got["size"])
+        except StoreError:
+            return
+        self._fill_first(new, got)
+
+    def _fill_first(self, new: CacheEntry, got: dict) -> None:
+        """The bytes a conditional GET brought (``get_if_changed``) into ``new``, the new
+        entry of the version it answered with."""
+        bucket, key = new.bucket, new.key
+        data, start, size = got["data"], got["start"], new.size
+        if not data or start != 0:
+            return
+        data = data[:size]
+        fd = None
+        try:
+            fd = os.open(new.path, os.O_WRONLY)
+            self.with_room(functools.partial(pwrite_all, fd, 0, memoryview(data)), len(data))
+        except (OSError, StoreError) as exc:
+            log.info("%s/%s: keeping the first bytes of version %s: %s", bucket, key,
+                     got["etag"], exc)
+            return
+        finally:
+            if fd is not None:
+                os.close(fd)
+        # whole blocks only (and the object's tail): a block is the unit of fetching
+        upto = len(data) if len(data) == size else len(data) - len(data) % self.block_size
+        self.got += upto
+        self._add_present(new, 0, upto)
+        self.evict()
 
     def validated(self, entry: CacheEntry, etag: str) -> None:
         """The entry's content is object version ``etag`` in S3 now (it was uploaded): a

@@ -5,16 +5,22 @@ its upload will give it (``final_tags``); an object's are read from S3 (HEAD and
 GetObjectTagging at once) and kept for the view's ``ttl`` while its ETag stays. ``retag``
 is PutObjectTagging merged with the current tag set (a dirty file's tags are kept in its
 record and applied with its upload); the file moves into and out of this mount's views at
-once.
+once. The tags of the versions this mount wrote or retagged itself are remembered
+(``wrote``): an overwrite of such a version within the view's ``ttl`` keeps them without
+asking S3 (``known_tags``: the close's one request is its PutObject).
 """
 from __future__ import annotations
 
+import collections
 import errno
 
 import trio
 
 from ..errors import FsError, StoreError, read_only, store_failure
 from .inodes import File
+
+
+WRITTEN_KEPT = 4096  # the newest keys this mount wrote whose tags it remembers
 
 
 def final_tags(entry, vs, remote: dict | None) -> dict:
@@ -38,6 +44,26 @@ class Properties:
         self.written = written
         self.tree = tree
         self._cached: dict[int, tuple] = {}  # ino -> (time, tags, metadata, etag)
+        # (bucket, key) -> (ETag, tags, when: trio clock) of this mount's last write of the key
+        self._written: collections.OrderedDict = collections.OrderedDict()
+
+    def wrote(self, bucket: str, key: str, etag: str, tags: dict) -> None:
+        """This mount made version ``etag`` of ``bucket/key`` with ``tags`` (an upload, a
+        retag)."""
+        self._written[(bucket, key)] = (etag, dict(tags), trio.current_time())
+        self._written.move_to_end((bucket, key))
+        if len(self._written) > WRITTEN_KEPT:
+            self._written.popitem(last=False)
+
+    def known_tags(self, bucket: str, key: str, etag: str, vs) -> dict | None:
+        """The tags of version ``etag`` when this mount wrote it (``wrote``) less than the
+        view's ``ttl`` ago — a tag change by another client is seen within the staleness
+        bound, as every change is — else None (ask S3)."""
+        known = self._written.get((bucket, key))
+        if known is None or vs is None or known[0] != etag \
+                or trio.current_time() - known[2] >= vs.ttl:
+            return None
+        return dict(known[1])
 
     def forget(self, ino: int) -> None:
         self._cached.pop(ino, None)
@@ -125,6 +151,8 @@ class Properties:
         except StoreError as exc:
             raise store_failure(exc, "tagging", bucket, key) from exc
         self._cached.clear()
+        if node.etag:
+            self.wrote(bucket, key, node.etag, new)
         if node.gone or node.key != key:
             return
         obj = {"key": key, "size": node.size, "mtime": node.mtime_ns / 1e9, "etag": node.etag}

@@ -31,7 +31,6 @@ of a key whose DELETE is still queued sends that delete first (``DeleteQueue.set
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import logging
@@ -73,8 +72,6 @@ class Uploads:
         self.conflicts: list[dict] = []          # conflict copies made by this mount
         self._streams: dict = {}                 # file -> PartStream (parts sent while written)
         self._bg: trio.Nursery | None = None     # the uploader's nursery (background sends)
-        # (bucket, key) -> (ETag, tags) of this mount's last uploads (parts sent while written)
-        self._own_tags: collections.OrderedDict = collections.OrderedDict()
         self.count = 0  # uploads done (statistics: tests, logs)
 
     def entry_lock(self, entry: CacheEntry) -> trio.Lock:
@@ -133,7 +130,9 @@ class Uploads:
                     if bool(base) != bool(meta.get("existing")):
                         raise Changed(f"{bucket}/{key} was " + (
                             "created" if base else "deleted") + " by someone else meanwhile")
-                if base:
+                if base:  # the overwritten object's tags are kept
+                    remote = self.properties.known_tags(bucket, key, base, vs)
+                if base and remote is None:
                     try:
                         remote = await self.store.tags(bucket, key)
                     except StoreError as exc:
@@ -168,10 +167,7 @@ class Uploads:
                 await self._upload_error(entry, exc, "uploading", bucket, key)
             self.count += 1
             self.unschedule(entry)
-            self._own_tags[(bucket, key)] = (info["etag"], tags)
-            self._own_tags.move_to_end((bucket, key))
-            if len(self._own_tags) > 4096:
-                self._own_tags.popitem(last=False)
+            self.properties.wrote(bucket, key, info["etag"], tags)
             obj = {"key": key, "size": size, "mtime": info.get("mtime") or time.time(),
                    "etag": info["etag"]}
             still_dirty = entry.gen != gen or not entry.dirty
@@ -539,16 +535,15 @@ class Uploads:
                     or entry.source is not None:  # a sparse file: rebuilt at close instead
                 return
             # an overwritten object keeps its tags: known without a request only when this
-            # mount uploaded that version (dd closes its file once empty, then writes it)
+            # mount wrote that version (dd closes its file once empty, then writes it)
+            vs = self.catalog.get(meta.get("view"))
             remote = None
             if meta.get("base"):
-                own = self._own_tags.get((entry.bucket, entry.key))
-                if own is None or own[0] != meta["base"]:
+                remote = self.properties.known_tags(entry.bucket, entry.key, meta["base"], vs)
+                if remote is None:
                     return
-                remote = own[1]
             elif meta.get("base") is None:
                 return
-            vs = self.catalog.get(meta.get("view"))
             tags = final_tags(entry, vs, remote)
             if vs is None or not self.catalog.can_match(vs, entry.key, entry.size, tags):
                 return
