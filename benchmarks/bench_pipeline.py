@@ -5,8 +5,9 @@ on rclone mount and on a pass-through floor file system, against the same MinIO,
 run — each variant ``--repeat`` times, pinned and unpinned (``--cpus``), one table each.
 
     .venv/bin/python -m benchmarks.bench_pipeline [--samples 24] [--reads 8000] [--repeat 2]
-        [--only local,delvefs,eager,delvefs-nopt,eager-nopt,s3fs,rclone,floor,floorwb]
+        [--only local,local-parallel,delvefs,eager,delvefs-nopt,eager-nopt,s3fs,rclone,floor,floorwb]
         [--mount-options fsync=journal,write_back=2] [--cpus both|pinned|unpinned] [--ttl 300s]
+        [--distance MS [--bandwidth MB]]
 
 The workflow: ``--samples`` samples (every other one paired-end), ``--reads`` reads (pairs)
 of 100 bases each, sampled with 1 % mismatches from a random 200 kb reference of 4 contigs
@@ -20,6 +21,9 @@ outputs go to ``pipeline-results`` under a prefix of their own per run.
 Variants (the clock covers everything until every output is in S3):
   * ``local``: boto3 downloads the inputs (10 at a time, as ``aws s3 sync``), Snakemake runs
     on the local disk, boto3 uploads every output (not ``.snakemake/``) — the baseline;
+  * ``local-parallel``: the same with parallel staging: one s3transfer TransferManager
+    (``max_concurrency=16``, as ``aws s3 sync`` with 16 requests at a time) for all the
+    downloads, one for all the uploads — a second denominator (÷ parallel staging);
   * ``delvefs``: one DelveFS mount: the inputs read through a read-only view of the inputs
     bucket, the working directory (``.snakemake/`` too) a writable view of the run's
     prefix; the default mode uploads at close, so S3 has every output when Snakemake ends;
@@ -41,7 +45,17 @@ RabbitMQ and the handler always run anywhere.
 
 The medians' table also has the ceiling: the baseline's workflow phase alone, i.e. a mount
 that costs nothing, reading and writing as fast as the local disk, with no staging to do
-(its ratio is the most any file system can reach on this workflow).
+(its ratio is the most any file system can reach on this workflow), and for each variant
+how close it gets to it (ceiling ÷ its total).
+
+``--distance MS`` puts S3 MS ms away (each way; ``--bandwidth`` MB/s per connection): a
+toxiproxy link in front of MinIO (delvefs/devtools/distance.py: the bandwidth toxic, then
+the latency toxic) that every S3 client uses — the staging (boto3, s3transfer), the DelveFS
+mounts and the handler's S3 endpoint, s3fs, rclone — while MinIO's events to RabbitMQ and
+the mounts' requests to the handler stay on loopback; so do the benchmark's own looks at
+S3 (an observer, not a client measured): its checks and its wait until S3 has every
+output, which stops the clock. The link is probed (its added round trip measured) before
+each run; a run whose probe is off is not run.
 
 Every run is checked: the outputs in S3 (not ``.snakemake/``) are the set of the reference
 run (an untimed local run first, which also warms the caches) with the same sizes (BAM,
@@ -56,6 +70,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
+import dataclasses
 import datetime
 import gzip
 import json
@@ -69,7 +85,9 @@ import time
 from pathlib import Path
 
 from delvefs.client.mount.mountpoints import mounted_fstype
-from delvefs.shared.s3 import ensure_bucket, wire_notifications
+from delvefs.devtools.distance import Toxiproxy
+from delvefs.shared.config import S3Settings
+from delvefs.shared.s3 import ensure_bucket, make_client, wire_notifications
 
 from .bench_mount import DELVEFS, RESULTS, DelveMount, log, wait_for
 from .bench_tree import services
@@ -84,9 +102,11 @@ INPUTS, RESULTS_BUCKET = "pipeline-inputs", "pipeline-results"
 TOOLS = ("bowtie2", "bowtie2-build", "samtools")
 SEED = 20240601
 TRANSFERS = 10  # boto3 transfers at a time (aws s3 sync's default)
+PARALLEL_TRANSFERS = 16  # the parallel staging's (s3transfer's max_concurrency)
 
 VARIANTS = {  # name: (what, kind, extra mount arguments)
     "local": ("local disk + boto3 stage-in/out (baseline)", "local", ()),
+    "local-parallel": ("local disk + parallel staging (s3transfer, 16 transfers)", "local", ()),
     "delvefs": ("DelveFS default", "delvefs", ()),
     "eager": ("DelveFS --eager + `delvefs sync`", "delvefs", ("--eager",)),
     "delvefs-nopt": ("DelveFS default, passthrough=off", "delvefs", ("-o", "passthrough=off")),
@@ -194,6 +214,33 @@ def stage_out(client, source: Path, prefix: str) -> int:
     files = [rel for rel in tree(source) if not rel.startswith(".snakemake/")]
     with concurrent.futures.ThreadPoolExecutor(TRANSFERS) as pool:
         list(pool.map(lambda rel: client.upload_file(str(source / rel), RESULTS_BUCKET, prefix + rel), files))
+    return len(files)
+
+
+def transfer_manager(client):
+    """s3transfer's TransferManager with PARALLEL_TRANSFERS requests at a time over all its
+    transfers (as ``aws s3 sync`` with max_concurrent_requests = 16; 8 MiB parts)."""
+    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+    return create_transfer_manager(client, TransferConfig(max_concurrency=PARALLEL_TRANSFERS,
+                                                          multipart_chunksize=8 << 20))
+
+
+def stage_in_parallel(client, target: Path) -> None:
+    """``stage_in`` by one TransferManager: every download queued at once, 16 requests at a time."""
+    keys = listing(client, INPUTS)
+    for key in keys:
+        (target / key).parent.mkdir(parents=True, exist_ok=True)
+    with transfer_manager(client) as tm:
+        for f in [tm.download(INPUTS, k, str(target / k)) for k in keys]:
+            f.result()
+
+
+def stage_out_parallel(client, source: Path, prefix: str) -> int:
+    """``stage_out`` by one TransferManager, 16 requests at a time."""
+    files = [rel for rel in tree(source) if not rel.startswith(".snakemake/")]
+    with transfer_manager(client) as tm:
+        for f in [tm.upload(str(source / rel), RESULTS_BUCKET, prefix + rel) for rel in files]:
+            f.result()
     return len(files)
 
 
@@ -361,9 +408,14 @@ def fuse_unmount(mp: Path) -> None:
 
 
 class Bench:
-    def __init__(self, args, work: Path, env: dict, client, handler, snakemake: Path, reference: dict):
+    def __init__(self, args, work: Path, env: dict, client, handler, snakemake: Path, reference: dict,
+                 stage_client=None, link=None):
         self.args, self.work, self.env, self.client, self.handler = args, work, env, client, handler
         self.snakemake, self.reference = snakemake, reference
+        # the staging's S3 client (through the link at a distance); ``client`` checks and
+        # clears on MinIO's own endpoint
+        self.stage_client = stage_client or client
+        self.link = link
         self.delve = DelveMount(env, work, handler.url)
         self.opts = args.known_opts
 
@@ -375,6 +427,10 @@ class Bench:
         here.mkdir()
         res = {"variant": variant, "mode": mode, "run": n, "prefix": prefix, "problems": [], "log": []}
         try:
+            if self.link is not None:   # the distance, proven before each run (DistanceError: not run)
+                probe = self.link.probe()
+                res["probe_added_ms"] = probe.added_ms
+                log(f"{variant} {mode} #{n}: {probe}")
             getattr(self, f"run_{kind}")(variant, mode, here, prefix, extra, res)
         except Exception as exc:  # noqa: BLE001 — recorded; the other runs go on
             res["error"] = str(exc)
@@ -394,7 +450,7 @@ class Bench:
     # -- the baseline and the floor: boto3 in and out around a local (or floor) directory
 
     def run_local(self, variant, mode, here, prefix, extra, res) -> None:
-        self.staged(mode, here, here, prefix, res)
+        self.staged(mode, here, here, prefix, res, parallel=variant == "local-parallel")
 
     def run_floor(self, variant, mode, here, prefix, extra, res) -> None:
         source = here / "source"
@@ -411,17 +467,17 @@ class Bench:
             floor.umount()
             res["umount_s"] = time.perf_counter() - t
 
-    def staged(self, mode, here: Path, base: Path, prefix: str, res: dict) -> None:
+    def staged(self, mode, here: Path, base: Path, prefix: str, res: dict, parallel: bool = False) -> None:
         inputs, workdir = base / "inputs", base / "results"
         inputs.mkdir()
         t0 = time.perf_counter()
         with cpu_mode(mode):
-            stage_in(self.client, inputs)
+            (stage_in_parallel if parallel else stage_in)(self.stage_client, inputs)
         t1 = time.perf_counter()
         res["jobs"] = run_workflow(self.snakemake, inputs, workdir, here / "snakemake.log")
         t2 = time.perf_counter()
         with cpu_mode(mode):
-            res["uploaded"] = stage_out(self.client, workdir, prefix)
+            res["uploaded"] = (stage_out_parallel if parallel else stage_out)(self.stage_client, workdir, prefix)
         t3 = time.perf_counter()
         res.update(stage_in_s=t1 - t0, workflow_s=t2 - t1, finish_s=t3 - t2, total_s=t3 - t0)
         self.finish_check(prefix, res)
@@ -564,26 +620,42 @@ def table(runs: list[dict], opts: str) -> str:
 
 
 def summary_table(results: dict, modes: list[str], variants: list[str], opts: str) -> str:
-    """The median total of each variant and its ratio to the baseline's, per CPU mode; after
-    the baseline, the ceiling: its workflow phase alone (a file system that cost nothing)."""
-    head = "| variant | " + " | ".join(f"{m}: median total | {m}: ratio" for m in modes) + " |"
-    lines = [head, "|---|" + "---|---|" * len(modes)]
+    """The median total of each variant and its ratio to the baseline's, per CPU mode (and to
+    the parallel staging's, when it ran); after the baseline, the ceiling: its workflow phase
+    alone (a file system that cost nothing), and how close each variant gets to it."""
+    parallel = "local-parallel" in variants
+    per_mode = ["median total", "ratio (÷ baseline)"] + (["÷ parallel staging"] if parallel else []) \
+        + ["ceiling ÷ this (1.00: the ceiling)"]
+    head = "| variant | " + " | ".join(f"{m}: {c}" for m in modes for c in per_mode) + " |"
+    lines = [head, "|---|" + "---|" * (len(per_mode) * len(modes))]
 
     def median(m: str, v: str, phase: str) -> float | None:
         t = [r[phase] for r in results[m] if r["variant"] == v and phase in r and "error" not in r]
         return statistics.median(t) if t else None
 
+    def ceiling(m: str) -> float | None:
+        for v in ("local", "local-parallel"):
+            if v in variants and median(m, v, "workflow_s") is not None:
+                return median(m, v, "workflow_s")
+        return None
+
+    def ratio(a, b) -> str:
+        return "—" if a is None or b is None else f"{a / b:.2f}"
+
     def row(name: str, v: str, phase: str) -> str:
         cells = []
         for m in modes:
-            t, b = median(m, v, phase), median(m, "local", "total_s") if "local" in variants else None
-            cells += ["—" if t is None else f"{t:.2f} s", "—" if t is None or b is None else f"{b / t:.2f}"]
+            t = median(m, v, phase)
+            cells += ["—" if t is None else f"{t:.2f} s", ratio(median(m, "local", "total_s"), t)]
+            if parallel:
+                cells.append(ratio(median(m, "local-parallel", "total_s"), t))
+            cells.append(ratio(ceiling(m), t))
         return f"| {name} | " + " | ".join(cells) + " |"
     for v in variants:
         lines.append(row(label(v, opts), v, "total_s"))
-        if v == "local":
-            lines.append(row("ceiling: the baseline's workflow alone (a mount that costs nothing)",
-                             v, "workflow_s"))
+        if v == "local" or (v == "local-parallel" and "local" not in variants):
+            lines.append(row(f"ceiling: the {'baseline' if v == 'local' else 'parallel staging'}'s workflow "
+                             "alone (a mount that costs nothing)", v, "workflow_s"))
     return "\n".join(lines)
 
 
@@ -616,6 +688,11 @@ def main(argv=None) -> int:
                          "if `delvefs mount --help` lists them")
     ap.add_argument("--ttl", default="300s", help="the views' ttl (default 300s, as bench_tree)")
     ap.add_argument("--out", metavar="FILE", help="the table's file (default benchmarks/results/pipeline-DATE.txt)")
+    ap.add_argument("--distance", type=int, default=None, metavar="MS",
+                    help="S3 at MS ms each way: every S3 client through a toxiproxy link "
+                         "(delvefs/devtools/distance.py), probed before each run")
+    ap.add_argument("--bandwidth", type=float, default=100, metavar="MB",
+                    help="with --distance: MB/s per connection each way (default 100; 0: none)")
     add_cpu_option(ap)
     args = ap.parse_args(argv)
     missing = [t for t in TOOLS if shutil.which(t) is None]
@@ -640,7 +717,17 @@ def main(argv=None) -> int:
     started = datetime.datetime.now()
     results: dict[str, list[dict]] = {}
     loads = {}
-    with services("bench-pipeline-", BASE) as (work, env, client, handler):
+    far: dict = {}   # with --distance: the link
+
+    def at_distance(work: Path, minio_url: str) -> str:
+        toxiproxy = stack.enter_context(Toxiproxy(work))
+        far["link"] = toxiproxy.link(minio_url, args.distance, args.bandwidth)
+        log(f"{far['link'].describe()}; {far['link'].probe()}")
+        return far["link"].url
+
+    with contextlib.ExitStack() as stack, \
+            services("bench-pipeline-", BASE, at_distance if args.distance is not None else None) \
+            as (work, env, client, handler):
         for bucket in (INPUTS, RESULTS_BUCKET):
             ensure_bucket(client, bucket)
             clear(client, bucket)
@@ -655,7 +742,12 @@ def main(argv=None) -> int:
         jobs = run_workflow(snakemake, ref / "inputs", ref / "results", work / "reference-snakemake.log")
         log(f"reference run: {jobs} jobs, {time.perf_counter() - t:.1f} s")
         reference = reference_of(ref / "results")
-        bench = Bench(args, work, env, client, handler, snakemake, reference)
+        link = far.get("link")
+        stage_client = None
+        if link is not None:
+            stage_client = make_client(dataclasses.replace(S3Settings.from_env(), endpoint_url=link.url),
+                                       max_pool=32)
+        bench = Bench(args, work, env, client, handler, snakemake, reference, stage_client, link)
         for mode in modes:
             log(f"--- {PINNING[mode]}")
             runs = results[mode] = []
@@ -668,7 +760,10 @@ def main(argv=None) -> int:
     inputs_bytes = sum(tree(data).values())
     header = [
         f"# Pipeline benchmark, {started:%Y-%m-%d %H:%M} ({os.uname().release}, {os.cpu_count()} CPUs), "
-        f"MinIO on loopback",
+        f"MinIO on loopback{f' behind a link of {args.distance} ms each way' if link is not None else ''}",
+        *([f"S3 at a distance: {link.describe()}; every S3 client (staging, the DelveFS mounts and the "
+            "handler, s3fs, rclone) through it, events and the mounts' handler requests on loopback; "
+            "probed before each run (`probe_added_ms` in the JSON)."] if link is not None else []),
         f"{args.samples} samples × {args.reads} reads (every other sample paired-end), "
         f"{inputs_bytes / 2**20:.1f} MiB of inputs; {jobs} jobs, `snakemake --cores 2`; {tools}.",
         f"Outputs: {len(reference)} files, {sum(s for s, _ in reference.values()) / 2**20:.1f} MiB "
@@ -676,7 +771,10 @@ def main(argv=None) -> int:
         "The clock: from the first input read (the baseline: its stage-in) until every output is in S3; "
         "mount and unmount are outside it.",
         "Ratio = the baseline's median total (local disk + boto3 stage-in/out, same CPU mode) / the run's "
-        "total: 1.00 is the baseline, > 1 faster than it, < 1 slower.",
+        "total: 1.00 is the baseline, > 1 faster than it, < 1 slower. In the medians' table also "
+        "÷ parallel staging (the same with the local disk + parallel staging as the denominator) and "
+        "ceiling ÷ this (the ceiling: the baseline's workflow phase alone; 1.00 is as fast as a mount "
+        "that costs nothing).",
         f"`python -m benchmarks.bench_pipeline {' '.join(argv if argv is not None else sys.argv[1:])}`",
         *notes,
     ]

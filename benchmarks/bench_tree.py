@@ -386,21 +386,24 @@ def plot(res: dict, baseline: dict | None, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def services(prefix: str, base: Path = BASE):
+def services(prefix: str, base: Path = BASE, s3_endpoint=None):
     """The benchmark's setting: local MinIO and RabbitMQ (their data in ``base``), its bucket
     (emptied, wired) and a handler, in a work directory: (work, the mounts' environment, an
-    S3 client, the handler)."""
+    S3 client, the handler). ``s3_endpoint(work, MinIO's URL)``, when given, returns the S3
+    URL of the handler and of the mounts' environment (e.g. a link at a distance); the
+    client returned stays on MinIO's own."""
     with LocalServices(base / "services") as svc, tempfile.TemporaryDirectory(prefix=prefix) as d:
         work = Path(d)
+        far = {"AWS_ENDPOINT_URL": s3_endpoint(work, svc.minio.endpoint)} if s3_endpoint else {}
         env = {**os.environ, **svc.env(), "DELVEFS_STATE_HOME": str(work / "state"),
-               "DELVEFS_HANDLER_TOKEN": "bench"}
+               "DELVEFS_HANDLER_TOKEN": "bench", **far}
         os.environ.update(svc.env())
         client = make_client(max_pool=16)
         ensure_bucket(client, BUCKET)
         clear(client)
         wire_notifications(client, BUCKET, svc.minio.notify_arn)
         from eventhandler.devtools import HandlerProcess
-        handler = HandlerProcess(svc.env(), work / "handler-state", token="bench")
+        handler = HandlerProcess({**svc.env(), **far}, work / "handler-state", token="bench")
         handler.start()
         try:
             yield work, env, client, handler

@@ -21,7 +21,9 @@ from .model import (ACCESSED_REFUSED, BLOCK_KEYS, DEFAULT_TTL, PROPERTY_RULES, R
                     canonical_value, check_glob, check_property_name, default_root, default_set, value_accepts)
 
 FILTER_RULES = ("bucket",) + BLOCK_KEYS + ("any", "not")
-OPTIONS = ("layout", "root", "set", "ttl", "writable")
+OPTIONS = ("layout", "root", "set", "ttl", "writable", "write")
+# The keys of a view's `write` option: how the closes of the files it names behave.
+WRITE_POLICIES = ("eager",)
 VIEW_KEYS = FILTER_RULES + OPTIONS
 LAYOUTS = ("tree", "flat")
 # How the items of each property rule are named in messages.
@@ -375,6 +377,42 @@ class _Parser:
                 self.problem(node, f"`writable` must be true or false, found {_kind(node)}")
             else:
                 fields["writable"] = node.value.lower() == "true"
+        if "write" in rules:
+            if not fields.get("writable", True):
+                self.problem(rules["write"], "`write` in a view with `writable: false`: nothing "
+                                             "is written through it; drop one of the two")
+            fields["eager_writes"] = self.write_policy(rules["write"])
+
+    def write_policy(self, node: Node) -> tuple[str, ...]:
+        """`write: {eager: [glob, ...]}` (or one glob): the files whose closes return before
+        their upload, by their path below the view's root."""
+        example = "like `write: {eager: ['.snakemake/*', '*.log']}`"
+        if not isinstance(node, MappingNode):
+            self.problem(node, f"`write` must be a mapping, {example}; found {_kind(node)}")
+            return ()
+        policies = self.rule_nodes(node, WRITE_POLICIES, "`write`")
+        if "eager" not in policies:
+            if not node.value:
+                self.problem(node, f"`write` is an empty mapping; give `eager`, {example}")
+            return ()
+        eager = policies["eager"]
+        items = eager.value if isinstance(eager, SequenceNode) else [eager]
+        if isinstance(eager, SequenceNode) and not items:
+            self.problem(eager, f"`eager` in `write` has an empty list; give at least one glob, {example}")
+        globs: list[str] = []
+        for item in items:
+            pattern = self.scalar(item, f"each glob of `eager` in `write` ({example})")
+            if pattern is None:
+                continue
+            if pattern == "" or pattern.startswith("/"):
+                self.problem(item, f"`eager` glob {pattern!r} in `write` must name a path below "
+                                   "the view's directory, such as '.snakemake/*' (no leading '/')")
+                continue
+            before = len(self.problems)
+            self.glob(item, pattern, "`eager` glob in `write`")
+            if len(self.problems) == before:
+                globs.append(pattern)
+        return tuple(globs)
 
     def layout(self, node: Node, fields: dict) -> None:
         """`layout: tree`, `layout: flat`, or `layout: {by: [property, ...]}` (one directory

@@ -108,6 +108,10 @@ class View(RuleBlock):
     property names, from ``layout: {by: [...]}``) adds one directory level per property
     above the files, which are then named as in "flat" (``layout`` is "flat"); None
     without such levels.
+
+    ``eager_writes`` (from ``write: {eager: [...]}``) are globs of keys below ``root``
+    whose files a mount writes back eagerly (their close returns before their upload); a
+    mount option like ``ttl``, no part of the filter.
     """
 
     name: str
@@ -120,9 +124,18 @@ class View(RuleBlock):
     set: dict[str, str] = field(default_factory=dict)
     ttl: float = DEFAULT_TTL
     writable: bool = True
+    eager_writes: tuple[str, ...] = ()
 
     def __hash__(self) -> int:
         return hash((self.name, view_id(self.filter_spec())))
+
+    def writes_eagerly(self, key: str) -> bool:
+        """A file of ``key`` is written back eagerly: its key below ``root`` matches a glob
+        of ``eager_writes``."""
+        if not self.eager_writes or not key.startswith(self.root):
+            return False
+        below = key[len(self.root):]
+        return any(glob_match(pattern, below) for pattern in self.eager_writes)
 
     @cached_property
     def rules(self) -> RuleBlock:

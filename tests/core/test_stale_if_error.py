@@ -54,7 +54,9 @@ async def test_a_cached_file_past_its_ttl_is_served_while_s3_is_unreachable(
     w.store.unreachable = True
     for _ in range(3):
         assert await w.read("v/a") == b"cached bytes"
-    assert w.store.calls["head"] == 3 and w.store.heads_once == 3  # asked at each open, one try
+    # asked at each open (a conditional GET, never a HEAD), in one try
+    assert w.store.calls["revalidate"] == 3 and w.store.revalidations_once == 3
+    assert w.store.calls["head"] == 0
     assert w.fs.reads.unconfirmed.opens == 3
     text = await unconfirmed(w)
     assert text.startswith("since ") and "S3 could not be asked" in text
@@ -70,7 +72,8 @@ async def test_with_stale_if_error_off_an_unreachable_s3_fails_the_open_eio(make
     with pytest.raises(FsError) as e:
         await w.fs.open(a.ino, 0)
     assert e.value.errno == errno.EIO
-    assert w.store.heads_once == 0  # the client's retries: the open has no other answer
+    assert w.store.calls["revalidate"] == 1   # with the client's retries: the open has no
+    assert w.store.revalidations_once == 0    # other answer
     assert w.fs.reads.unconfirmed.opens == 0 and await unconfirmed(w) is None
 
 
@@ -78,7 +81,7 @@ async def test_within_the_ttl_an_unreachable_s3_is_not_asked(make_world, mock_cl
     w = await cached_world(make_world)
     w.store.unreachable = True
     assert await w.read("v/a") == b"cached bytes"
-    assert w.store.calls["head"] == 0 and await unconfirmed(w) is None
+    assert w.store.calls["revalidate"] == 0 and await unconfirmed(w) is None
 
 
 async def test_s3_answering_that_the_object_is_gone_is_no_outage(make_world, mock_clock, reads_log):
@@ -102,9 +105,9 @@ async def test_s3_refusing_access_fails_the_open_as_before(make_world, mock_cloc
     w = await cached_world(make_world)
     mock_clock.jump(TTL + 1)
 
-    async def denied(bucket, key, **kw):
-        raise StoreError(errno.EACCES, f"HEAD {bucket}/{key}: access denied")
-    w.store.head = denied
+    async def denied(bucket, key, *args, **kw):
+        raise StoreError(errno.EACCES, f"GET {bucket}/{key}: access denied")
+    w.store.get_if_changed = denied
     a = await w.path("v/a")
     with pytest.raises(FsError) as e:
         await w.fs.open(a.ino, 0)

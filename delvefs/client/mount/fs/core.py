@@ -105,7 +105,7 @@ class FileSystem:
         self.table = InodeTable(time.time_ns())
         self.catalog = ViewCatalog(views)
         self.handles = Handles()
-        self.written = WrittenFiles(cache, settings)
+        self.written = WrittenFiles(cache, settings, self.catalog)
         self.layout = PropertyLayout()
         self.tree = Tree(self.table, self.catalog, self.handles, self.layout, cache,
                          notifier or NullNotifier(), settings)

@@ -92,7 +92,7 @@ class Namespace:
                 # a local-only file's are nowhere else afterwards
                 await self.reads.keep_for_readers(node)
                 if not local_only:
-                    if self.eager:  # sent in a DeleteObjects batch (deletes.py)
+                    if self.written.eager_for(vs, bucket, key):  # in a DeleteObjects batch (deletes.py)
                         self.deletes.queue(bucket, key)
                     else:
                         try:
@@ -454,7 +454,7 @@ class Namespace:
         if entry is not None:
             self.tree.dirtied(dst_vs, node, entry)
             if entry.writers == 0:
-                if self.eager:
+                if self.written.eager(entry):
                     self.written.queue(entry)
                 else:
                     await self.uploads.upload(entry)  # a tmp file renamed to its final name: uploaded now

@@ -5,7 +5,8 @@ before its first byte (``delvefs.client.mount.fs.written``) with the version it 
 ETag it was opened from, "" for a new file). Strict mode (the default): the last writing
 handle's ``flush`` (close(2) returns its error), ``fsync`` and a truncate(2) without an
 open handle upload the whole object (``delvefs.client.mount.fs.uploads``); a release that leaves
-it dirty hands it to the background uploads. Eager mode (``eager``): ``flush`` returns
+it dirty hands it to the background uploads. Eager files (an ``--eager`` mount's, or those
+a view's ``write: {eager: [...]}`` names: ``WrittenFiles.eager`` decides): ``flush`` returns
 once the file's journal record is written (not fsync'd: a killed mount loses nothing, a
 machine crash may lose the last closes); ``fsync`` waits for the file's upload — or, with
 ``fsync=journal``, only until the file and its record are durable on the local disk
@@ -59,7 +60,6 @@ class Writes:
         self.written = written
         self.cache = cache
         self.store = store
-        self.eager = settings.eager
         # fsync(2) returns once the file is durable locally (eager mounts only)
         self.fsync_local = settings.eager and settings.fsync == "journal"
         self.stream_parts = settings.upload_while_writing and not settings.eager
@@ -370,8 +370,9 @@ class Writes:
         return e.dirty and self.cache.get(e.bucket, e.key) is e
 
     async def flush(self, fh: int) -> None:
-        """close(2) of a descriptor: the last writing handle uploads (errors returned); in
-        eager mode it only makes the file safe in the journal and queues the upload. Every
+        """close(2) of a descriptor: the last writing handle uploads (errors returned); of an
+        eager file (``WrittenFiles.eager``: an eager mount, or a view's ``write: {eager:
+        ...}``) it only makes the file safe in the journal and queues the upload. Every
         close of a file a write into failed answers that write's errno, and nothing is
         uploaded or queued (as NFS reports a failed write back at close)."""
         self.written.request_seen()
@@ -383,7 +384,7 @@ class Writes:
         if failed is not None:
             raise failed
         if entry.writers <= 1 and self._live(h):
-            if self.eager:
+            if self.written.eager(entry):
                 self._persist(entry)
                 self.written.queue(entry)
             else:
@@ -497,7 +498,7 @@ class Writes:
         self.tree.dirtied(node.parent.view, node, entry)
         self.tree.sizes(entry)
         if entry.writers == 0:
-            if self.eager:
+            if self.written.eager(entry):
                 self._persist(entry)
                 self.written.queue(entry)
             else:

@@ -45,7 +45,15 @@ pass it by, and its last writer's release drops its local changes (``drop_failed
 key shows what S3 has again); a record with the mark is dropped the same way at the next
 start (``restore``). A new open with O_TRUNC empties it and starts a new file (``take``).
 
-Write-back delay (eager mode, ``settings.write_back`` seconds, as rclone's
+Close-to-open or eager (``eager``: the one place that decides it). A file's last close (and a
+truncate(2) or rename of it nobody writes) either uploads it before it returns — the
+default, close-to-open — or, *eager*, returns once its record is on disk and leaves the
+upload to the background uploader, after the write-back delay: every file of an ``--eager``
+mount, and in a default mount the files whose view's ``write: {eager: [...]}`` globs match
+their key below the view's root (``View.writes_eagerly``, e.g. a workflow engine's
+``.snakemake/*`` bookkeeping beside outputs that keep close-to-open).
+
+Write-back delay (eager files, ``settings.write_back`` seconds, as rclone's
 ``--vfs-write-back`` or the kernel's dirty_expire): a closed file *waits* until it was left
 unchanged that long — a close of a writer, a truncate or a rename starts its wait again —
 before the uploader may pick it, so a file removed within the delay (a workflow engine's
@@ -133,13 +141,15 @@ class WrittenFiles:
     backlog_check_every = 0.1  # seconds: how often a held-back uploader looks at the bounds
     # (the write-back delay itself is a setting, ``write_back``: eager mounts only)
 
-    def __init__(self, cache: DataCache, settings):
+    def __init__(self, cache: DataCache, settings, catalog):
         self.cache = cache
+        self.catalog = catalog  # the views: which of their files are written back eagerly
+        self.mount_eager = settings.eager  # every file (``--eager``)
         self._records = cache.journal  # the records of dirty files: this part writes them
         self.logs: dict[str, RangesLog] = {}  # file name -> ranges log of a sparse entry
         # the upload queue (eager closes, failed uploads, recovered records; see ``queue``)
         self.upload_concurrency = max(1, settings.upload_concurrency)
-        self.write_back = max(0.0, settings.write_back) if settings.eager else 0.0
+        self.write_back = max(0.0, settings.write_back)  # (eager files only)
         self.retry_initial = settings.retry_initial
         self.retry_max = settings.retry_max
         self._pending: dict[str, CacheEntry] = {}  # file -> entry the uploader picks (or retries)
@@ -161,6 +171,20 @@ class WrittenFiles:
         self._wake_at = math.inf   # when the uploader looks again by itself (no kick needed before)
         self._holding_back = False  # the uploader waits for the mount to be idle
         self._last_request = -math.inf
+
+    def eager(self, entry: CacheEntry) -> bool:
+        """Whether the dirty file is written back eagerly — its last close (a truncate(2), a
+        rename) returns once its record is on disk, the upload follows in the background
+        after the write-back delay — or close-to-open: the close uploads it (see the
+        module's docstring)."""
+        vs = self.catalog.get((entry.meta or {}).get("view"))
+        return self.eager_for(vs, entry.bucket, entry.key)
+
+    def eager_for(self, vs, bucket: str, key: str) -> bool:
+        """Whether a file of ``bucket/key`` in view ``vs`` is written back eagerly (also its
+        removal: an unlink's DELETE is queued)."""
+        return self.mount_eager or (vs is not None and vs.bucket == bucket
+                                    and vs.view.writes_eagerly(key))
 
     def _log(self, entry: CacheEntry) -> RangesLog | None:
         return self.logs.get(os.path.basename(entry.path))
@@ -514,7 +538,7 @@ class WrittenFiles:
 
     def queue(self, entry: CacheEntry, *, failed: bool = False, wait: bool = True) -> None:
         """Leave a dirty file to the background uploader. ``wait``: it has just changed (a
-        close, a truncate, a rename): in eager mode it waits out the write-back delay first
+        close, a truncate, a rename): an eager file waits out the write-back delay first
         (its wait starts again). ``failed``: its upload failed: tried again after a backoff."""
         name = os.path.basename(entry.path)
         if name in self._write_errors:  # partial: never uploaded (``write_failed``)
@@ -526,7 +550,7 @@ class WrittenFiles:
                 log.warning("journal of %s/%s: %s", entry.bucket, entry.key, exc)
         self._unwait(name)
         if wait and not failed and self.write_back > 0 and not self._dirty_long(entry) \
-                and self._hurried.get(name) != entry.gen:
+                and self._hurried.get(name) != entry.gen and self.eager(entry):
             self._pending.pop(name, None)
             due = trio.current_time() + self.write_back
             held = _held_bytes(entry)
