@@ -5,7 +5,7 @@ on rclone mount and on a pass-through floor file system, against the same MinIO,
 run — each variant ``--repeat`` times, pinned and unpinned (``--cpus``), one table each.
 
     .venv/bin/python -m benchmarks.bench_pipeline [--samples 24] [--reads 8000] [--repeat 2]
-        [--only local,local-parallel,delvefs,eager,delvefs-nopt,eager-nopt,s3fs,rclone,floor,floorwb]
+        [--only local,local-parallel,delvefs,eager,delvefs-policy,delvefs-nopt,eager-nopt,s3fs,rclone,floor,floorwb]
         [--mount-options fsync=journal,write_back=2] [--cpus both|pinned|unpinned] [--ttl 300s]
         [--distance MS [--bandwidth MB]]
 
@@ -28,6 +28,9 @@ Variants (the clock covers everything until every output is in S3):
     bucket, the working directory (``.snakemake/`` too) a writable view of the run's
     prefix; the default mode uploads at close, so S3 has every output when Snakemake ends;
   * ``eager``: the same mount with ``--eager``, then ``delvefs sync`` inside the clock;
+  * ``delvefs-policy``: the default mount with a write policy for Snakemake's bookkeeping
+    (``write: {eager: [".snakemake/*"]}``: those files written back eagerly, the outputs
+    close-to-open), then ``delvefs sync`` inside the clock;
   * ``delvefs-nopt``, ``eager-nopt``: the same two with ``-o passthrough=off`` (on by default;
     an eager mount turns it off by itself);
   * ``delvefs-opts``, ``eager-opts``: the same two with ``-o`` the ``--mount-options`` given
@@ -109,6 +112,7 @@ VARIANTS = {  # name: (what, kind, extra mount arguments)
     "local-parallel": ("local disk + parallel staging (s3transfer, 16 transfers)", "local", ()),
     "delvefs": ("DelveFS default", "delvefs", ()),
     "eager": ("DelveFS --eager + `delvefs sync`", "delvefs", ("--eager",)),
+    "delvefs-policy": ("DelveFS default, `write: {eager: [.snakemake/*]}` + `delvefs sync`", "delvefs", ()),
     "delvefs-nopt": ("DelveFS default, passthrough=off", "delvefs", ("-o", "passthrough=off")),
     "eager-nopt": ("DelveFS --eager + sync, passthrough=off", "delvefs", ("--eager", "-o", "passthrough=off")),
     "delvefs-opts": ("DelveFS default, -o {opts}", "delvefs", ()),
@@ -352,7 +356,12 @@ def mount_options_available(opts: str) -> tuple[str, list[str]]:
     return ",".join(known), unknown
 
 
-def views_yaml(prefix: str, ttl: str) -> str:
+def views_yaml(prefix: str, ttl: str, eager_globs: tuple[str, ...] = ()) -> str:
+    """The inputs view and the run's results view; ``eager_globs``: the results view's
+    files written back eagerly (the write policy), the rest close-to-open."""
+    policy = f"""
+  write:
+    eager: [{", ".join(f'"{g}"' for g in eager_globs)}]""" if eager_globs else ""
     return f"""
 inputs:
   bucket: {INPUTS}
@@ -362,8 +371,13 @@ inputs:
 results:
   bucket: {RESULTS_BUCKET}
   object: "{prefix}*"
-  ttl: {ttl}
+  ttl: {ttl}{policy}
 """
+
+
+# Snakemake's own bookkeeping in the working directory: written back eagerly by the
+# write-policy variant (its outputs stay close-to-open)
+BOOKKEEPING = (".snakemake/*",)
 
 
 def delvefs_status(env, mp: Path) -> dict:
@@ -487,9 +501,11 @@ class Bench:
     def run_delvefs(self, variant, mode, here, prefix, extra, res) -> None:
         if variant.endswith("-opts"):
             extra = (*extra, "-o", self.opts)
-        eager = "--eager" in extra
+        policy = variant == "delvefs-policy"
+        eager = "--eager" in extra or policy  # (then `delvefs sync` in the clock)
         with cpu_mode(mode):
-            t, mp = self.delve.mount(views_yaml(prefix, self.args.ttl), *extra)
+            t, mp = self.delve.mount(views_yaml(prefix, self.args.ttl, BOOKKEEPING if policy else ()),
+                                     *extra)
         res["mount_s"] = t
         cache = self.work / f"cache-{self.delve.n}"
         try:

@@ -22,6 +22,7 @@ def small_blocks(w, *, window_max: int = 8 * B):
     c = w.cache
     c.block_size, c.max_get, c.whole_size = B, 4 * B, B
     w.fs.readahead.window_start, w.fs.readahead.window_max = 2 * B, window_max
+    w.fs.readahead.sequential_after = 2 * B
     return w
 
 

@@ -217,7 +217,7 @@ async def test_negative_lookups_answered_from_listing(make_world, mock_clock):
     for i in range(1000):
         assert await w.fs.lookup(top.ino, f"missing-{i}") is None
     assert w.handler.calls == calls
-    assert w.store.calls == {"head": 0, "tags": 0, "download": 0}
+    assert w.store.calls == {"head": 0, "tags": 0, "download": 0, "revalidate": 0}
 
 
 async def test_changed_object_updates_attributes_and_kernel_caches(make_world, mock_clock):
@@ -258,18 +258,21 @@ async def test_etag_revalidation_after_ttl(make_world, mock_clock):
     assert await w.read("v/a") == b"v1"
     mock_clock.jump(1)
     assert await w.read("v/a") == b"v1"
-    assert w.store.calls == {"head": 0, "tags": 0, "download": 1}  # within ttl: no HEAD
+    assert w.store.calls == {"head": 0, "tags": 0, "download": 1, "revalidate": 0}  # within ttl
     mock_clock.jump(2)
     assert await w.read("v/a") == b"v1"
-    assert w.store.calls == {"head": 1, "tags": 0, "download": 1}  # HEAD, same ETag: no GET
-    # changed in S3 while the handler has not told us yet: the HEAD notices it
+    # one conditional GET (If-None-Match), same ETag: 304, no bytes, no HEAD
+    assert w.store.calls == {"head": 0, "tags": 0, "download": 1, "revalidate": 1}
+    # changed in S3 while the handler has not told us yet: the conditional GET notices it and
+    # brings the new version's bytes along
     w.store.put("b", "data/a", b"version 2")
     mock_clock.jump(2.5)
     w.fs.views[0].listing.fresh_at = mock_clock.current_time()  # keep the listing "fresh" and old
     node = await w.path("v/a")
     assert node.etag != w.store.objects[("b", "data/a")]["etag"]
     assert await w.read("v/a") == b"version 2"
-    assert w.store.calls["download"] == 2
+    assert w.store.calls["download"] == 1 and w.store.calls["revalidate"] == 2
+    assert w.store.calls["head"] == 0
     assert node.size == len(b"version 2") and node.ino in w.notifier.inodes
 
 

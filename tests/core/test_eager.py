@@ -1011,7 +1011,7 @@ async def test_a_file_removed_while_its_open_asks_s3_is_read_whole_or_looked_up_
         finally:
             await w.fs.release(fh)
 
-    asked, answer = held(w.store, "head")
+    asked, answer = held(w.store, "get_if_changed")  # the open's revalidation
     async with trio.open_nursery() as nursery:
         nursery.start_soon(open_then_read)
         await asked.wait()

@@ -186,9 +186,9 @@ async def test_a_change_reported_while_an_open_asks_s3_leaves_the_old_inode_its_
     a = await w.path("v/a")
     first, keep = await w.fs.open(a.ino, 0)
     assert keep == (during == "open")               # the kernel serves it the old pages
-    if during == "open":                            # the open's HEAD waits
+    if during == "open":                            # the open's revalidation waits
         w.add("v", "data/a", b"new, longer version")
-        asked, answer = held(w.store, "head")
+        asked, answer = held(w.store, "get_if_changed")
     else:                                           # the first read's GET waits
         asked, answer = trio.Event(), trio.Event()
         w.store.gate = answer

@@ -11,7 +11,7 @@ import pytest
 
 from ..waiting import wait_until
 from .mounts import listdir, mounts, put  # noqa: F401
-from .test_write_faults import PART, RETRY_WAIT, faulty, handler, payload, proxy  # noqa: F401
+from tests.faults.test_write_faults import PART, RETRY_WAIT, faulty, handler, payload, proxy  # noqa: F401
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 

@@ -10,7 +10,6 @@ import pytest
 
 from delvefs.devtools.faultproxy import FaultProxy, Request
 
-from ..waiting import wait_until
 from .mounts import listdir, mounts, started_handler  # noqa: F401
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
@@ -24,6 +23,8 @@ def views(bucket: str) -> str:
       object: "data/*"
       set: {{stage: raw}}
       ttl: 60s
+      write:
+        eager: [".snakemake/*", "*.log"]
     """
 
 
@@ -101,3 +102,21 @@ def test_a_multipart_close_is_create_parts_complete_and_nothing_else(mounts, pro
     assert all(r.key == "data/big.bin" and r.status == 200 for r in sent)
     assert not [r for r in sent if "expect" in r.headers]
     assert s3.get_object(Bucket=bucket, Key="data/big.bin")["Body"].read() == data
+
+
+def test_a_bookkeeping_files_close_returns_before_its_upload_and_sync_uploads_it(
+        mounts, proxy, bucket, s3):
+    mp = mount(mounts, proxy, bucket)
+    (mp / "data" / ".snakemake").mkdir()
+    proxy.hold(".snakemake/metadata")    # its PUT, whenever it goes, never gets through
+    (mp / "data" / ".snakemake" / "metadata").write_bytes(b'{"job": 1}')   # returned
+    assert (mp / "data" / ".snakemake" / "metadata").read_bytes() == b'{"job": 1}'
+    (mp / "data" / "out.txt").write_bytes(b"output")     # close-to-open beside it
+    assert s3.get_object(Bucket=bucket, Key="data/out.txt")["Body"].read() == b"output"
+    with pytest.raises(s3.exceptions.ClientError):
+        s3.head_object(Bucket=bucket, Key="data/.snakemake/metadata")
+    proxy.pass_through()
+    r = mounts.run("sync", str(mp))
+    assert r.returncode == 0, r.stderr
+    assert s3.get_object(Bucket=bucket, Key="data/.snakemake/metadata")["Body"].read() \
+        == b'{"job": 1}'

@@ -17,7 +17,7 @@ from delvefs.shared import manifests as batch_format
 
 from ..waiting import wait_until
 from .mounts import listdir, mounts, put  # noqa: F401
-from .test_write_faults import handler, proxy  # noqa: F401  (the handler behind the proxy)
+from tests.faults.test_write_faults import handler, proxy  # noqa: F401  (the handler behind the proxy)
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 

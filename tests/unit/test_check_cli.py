@@ -46,7 +46,7 @@ def test_invalid_file_reports_every_problem_and_exits_1(tmp_path, capsys):
     assert out == ""
     assert err.splitlines() == [
         f"{path}:3:3: unknown key 'sise' in view 'a'; did you mean 'size'? allowed: bucket, object, "
-        "size, modified, properties, tags, metadata, any, not, layout, root, set, ttl, writable",
+        "size, modified, properties, tags, metadata, any, not, layout, root, set, ttl, writable, write",
         f"{path}:4:1: view 'b' has no `bucket`; every view needs one (the name of an S3 bucket, such as 'runs')",
     ]
 

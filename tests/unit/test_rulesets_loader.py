@@ -107,7 +107,7 @@ def test_every_problem_is_reported_at_once_with_its_place():
     """)
     assert problems == [
         "views.yaml:4:3: unknown key 'objct' in view 'gecko'; did you mean 'object'? allowed: bucket, "
-        "object, size, modified, properties, tags, metadata, any, not, layout, root, set, ttl, writable",
+        "object, size, modified, properties, tags, metadata, any, not, layout, root, set, ttl, writable, write",
         "views.yaml:5:9: bad `size`: cannot read 'huge' as a number with a unit; allowed: \"< N\", "
         "\"<= N\", \"> N\", \">= N\", \"N .. M\" (inclusive) or \"N\" (exactly), where N is bytes or a "
         "number with a unit B, KiB, MiB, GiB, TiB, KB, MB, GB, TB",
@@ -344,4 +344,58 @@ def test_problems_of_layout_by():
         "views.yaml:5:60: each property of `by` in `layout` (like `layout: {by: [sample, lane]}`) "
         "must be a single value, found nothing (null)",
         "views.yaml:6:27: `layout` must be tree, flat or a mapping with `by`, found a list",
+    ]
+
+
+def test_a_write_policy_names_the_files_written_back_eagerly():
+    workflow, one, plain = views_of("""
+        workflow:
+          bucket: runs
+          object: "results/*"
+          write:
+            eager: [".snakemake/*", "*.log"]
+        one: {bucket: runs, object: "tmp/*", write: {eager: "*.part"}}
+        plain: {bucket: runs, object: "results/*"}
+    """)
+    assert workflow.eager_writes == (".snakemake/*", "*.log") and one.eager_writes == ("*.part",)
+    assert plain.eager_writes == ()
+    assert workflow.writes_eagerly("results/.snakemake/metadata/a")
+    assert workflow.writes_eagerly("results/logs/deep/a.log")       # `*` crosses '/'
+    assert not workflow.writes_eagerly("results/a.bam")
+    assert not workflow.writes_eagerly("other/.snakemake/x")        # below the root only
+    assert not plain.writes_eagerly("results/a.log")
+    # an option of the mount, no part of the filter: the view keeps its id at the handler
+    assert workflow.filter_spec() == plain.filter_spec() | {"bucket": "runs"}
+
+
+def test_problems_of_a_write_policy():
+    problems = problems_of("""
+        a: {bucket: runs, write: [x]}
+        b: {bucket: runs, write: {}}
+        c: {bucket: runs, write: {eagr: [x]}}
+        d: {bucket: runs, write: {eager: []}}
+        e: {bucket: runs, write: {eager: ["/x", "", [y], ~, "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}"]}}
+        f: {bucket: runs, writable: false, write: {eager: "*"}}
+    """)
+    assert problems == [
+        "views.yaml:2:26: `write` must be a mapping, like `write: {eager: ['.snakemake/*', "
+        "'*.log']}`; found a list",
+        "views.yaml:3:26: `write` is an empty mapping; give `eager`, like `write: {eager: "
+        "['.snakemake/*', '*.log']}`",
+        "views.yaml:4:27: unknown key 'eagr' in `write`; did you mean 'eager'? allowed: eager",
+        "views.yaml:5:34: `eager` in `write` has an empty list; give at least one glob, like "
+        "`write: {eager: ['.snakemake/*', '*.log']}`",
+        "views.yaml:6:35: `eager` glob '/x' in `write` must name a path below the view's "
+        "directory, such as '.snakemake/*' (no leading '/')",
+        "views.yaml:6:41: `eager` glob '' in `write` must name a path below the view's "
+        "directory, such as '.snakemake/*' (no leading '/')",
+        "views.yaml:6:45: each glob of `eager` in `write` (like `write: {eager: ['.snakemake/*', "
+        "'*.log']}`) must be a single value, found a list",
+        "views.yaml:6:50: each glob of `eager` in `write` (like `write: {eager: ['.snakemake/*', "
+        "'*.log']}`) must be a single value, found nothing (null)",
+        "views.yaml:6:53: `eager` glob in `write` '{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}': "
+        "braces expand to more than 256 alternatives; allowed: at most 256 (use fewer or shorter "
+        "lists, or a wildcard)",
+        "views.yaml:7:43: `write` in a view with `writable: false`: nothing is written through "
+        "it; drop one of the two",
     ]

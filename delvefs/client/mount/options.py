@@ -167,6 +167,12 @@ def _on_off(name: str) -> Callable[[str], str]:
     return parse
 
 
+def _prefetch(text: str) -> str:
+    if text.lower() not in ("off", "index", "dir"):
+        raise OptionError(f"prefetch={text}: off, index or dir")
+    return text.lower()
+
+
 # ----------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -200,7 +206,8 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 "deletes follow in the background ($DELVEFS_UPLOAD_CONCURRENCY at a time, "
                 "default 16); fsync and `delvefs sync` wait for them", default=False),
     MountOption("write_back", "--write-back", "write_back", _seconds_or_zero("write_back"),
-                "eager mode: a closed file is uploaded once it is left unchanged this many "
+                "eager files (every file with --eager, else those a view's `write: {eager: "
+                "...}` names): a closed file is uploaded once it is left unchanged this many "
                 "seconds (a file removed before costs no request); sync, fsync, unmount and "
                 "the backlog bounds upload sooner; 0: at once (default 2)", default=2.0,
                 metavar="SECONDS"),
@@ -271,6 +278,11 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 "when S3 cannot be asked whether it is current (refused, reset, timed out, "
                 "5xx), shown by user.delvefs.unconfirmed; off: such an open fails EIO "
                 "(default: on)", default="on", metavar="on|off"),
+    MountOption("prefetch", "--prefetch", "prefetch", _prefetch,
+                "what an open fetches besides the file: index, the index files next to an "
+                "opened data file (x.bam.bai, x.bai, .csi, .crai, .tbi), whole; dir, those and "
+                "the first block of the directory's other files (a declared working set); "
+                "off: nothing (default: index)", default="index", metavar="off|index|dir"),
 )
 
 # -o name -> its option (docs/CONFIGURATION.md lists them all; tests check it)

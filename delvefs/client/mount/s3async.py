@@ -161,7 +161,8 @@ class S3Store:
             def get():
                 return _boto_get_if_changed(self.client, bucket, key, start, end, etag)
         try:
-            got = await trio.to_thread.run_sync(get, limiter=self._gets)
+            # (the HEADs' threads, not the ranged GETs': an open never waits for read-ahead)
+            got = await trio.to_thread.run_sync(get, limiter=self.limiter)
         except Exception as exc:  # noqa: BLE001 — mapped to an errno
             self.errors["GetObject"] += 1
             raise store_error(exc, what) from exc

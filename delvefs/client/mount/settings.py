@@ -69,6 +69,7 @@ class MountSettings:
     metrics_interval: float = 15.0           # seconds between writes of that file
     passthrough: str = "on"                  # FUSE passthrough: on (reads), rw (and writes), off
     stale_if_error: str = "on"               # on: a cached copy S3 cannot confirm is served
+    prefetch: str = "index"                  # what an open fetches besides: off, index, dir
     # from the environment (delvefs/shared/config.py)
     handler_token: str | None = None
     handler_principal: str = config.DEFAULT_PRINCIPAL

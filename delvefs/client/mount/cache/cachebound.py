@@ -177,7 +177,8 @@ class CacheBound:
                     continue
                 block = unit[1]
                 start, end = block * bs, min((block + 1) * bs, entry.size)
-                if block in entry.fetches or any(s < end and start < e for s, e in entry.pinned):
+                if any(f.start < end and start < f.end for f in entry.fetches) \
+                        or any(s < end and start < e for s, e in entry.pinned):
                     continue
                 self._evict_block(entry, block, start, end)
 

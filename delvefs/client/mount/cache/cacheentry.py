@@ -77,7 +77,7 @@ class CacheEntry:
         self.present: RangeSet | None = None       # None: every byte is present
         self.source: tuple[str, str, str] | None = None  # (bucket, key, etag) of missing bytes
         self.source_len = 0     # bytes [0, source_len) may come from ``source``
-        self.fetches: dict[int, Fetch] = {}        # block -> the fetch bringing it
+        self.fetches: list[Fetch] = []             # the fetches in flight (byte ranges)
         self.pinned: list[tuple[int, int]] = []    # ranges ``ensure`` calls wait for
         self.blocks: set[int] = set()              # its blocks in the bound's LRU
         self.counted = 0        # what it adds to the bound's ``bytes``

@@ -7,22 +7,28 @@ files (``journal.Journal``).
 
 Blocks. An entry's file has the object's size; which bytes are valid is ``present`` (a
 :class:`RangeSet`; None: every byte, as for files written here). Missing bytes below
-``source_len`` come from ``source`` = (bucket, key, etag) in blocks of ``block_size``:
-``ensure(store, entry, start, end)`` fetches the missing blocks of a range at once,
-consecutive ones coalesced into ranged GETs of at most ``max_get`` bytes, every GET pinned
-to the source's ETag with If-Match (412: ``Changed``). A cached block costs no request.
+``source_len`` come from ``source`` = (bucket, key, etag): ``ensure(store, entry, start,
+end)`` fetches the missing bytes of a range at once, rounded out to ``unit`` (a page: a
+random read costs about what it reads), in ranged GETs of at most ``max_get`` bytes, every
+GET pinned to the source's ETag with If-Match (412: ``Changed``); read-ahead
+(``prefetch``) fetches more for sequential readers. Present bytes cost no request. The
+bound counts, keeps in LRU order and evicts whole blocks of ``block_size`` (a block may be
+partly present).
 
 * ``fetch`` opens an object's entry: no request when the listing gave ETag and size (the
   first ``ensure`` proves them: a 412 or 404 there means the listing was behind, then one
-  HEAD and the entry moves to the version S3 has); a HEAD when the entry is older than
-  ``ttl``. Objects of at most ``whole_size`` bytes are fetched whole on their first read.
+  HEAD and the entry moves to the version S3 has); a copy of the listed version older than
+  ``ttl`` is revalidated by one conditional GET of its first block (If-None-Match: 304
+  confirms it; another version's answer is that version's first block, kept). ``current``
+  (an open's revalidation) asks the same way. Objects of at most ``whole_size`` bytes are
+  fetched whole on their first read.
 * A new version gets a new entry and a new file; the old entry leaves the cache (file
   unlinked), and open handles keep their descriptor and entry object: they read the bytes
   they have, and a missing one is a GET pinned to the old ETag, which S3 refuses (412):
   EIO, never bytes of two versions.
 * Fetches run in the cache's nursery (``nursery``; without one: trio system tasks), not
   in the reader's task: a cancelled read never aborts a fetch another reader waits for.
-  Concurrent ``ensure`` calls share in-flight fetches (``entry.fetches``, by block).
+  Concurrent ``ensure`` calls share in-flight fetches (``entry.fetches``, by byte range).
   ``prefetch`` starts fetches nobody waits for yet (a handle's sequential read-ahead);
   ``cancel`` stops those still without a waiter (the handle closed, the entry replaced).
 * A fetch's worker thread writes a clean entry's bytes straight into its file and tells
@@ -83,7 +89,7 @@ from .cachebound import CacheBound
 from .cacheentry import CacheEntry, Fetch
 from ..errors import Changed, StopGet, StoreError, cache_file_error
 from .journal import PUBLISH, Journal, PublishJournal
-from .ranges import RangeSet, blocks
+from .ranges import RangeSet
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +101,14 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 class DataCache:
     """The cache of ``directory``: at most ``limit`` bytes (None: only the free-space
-    floor), fetched and evicted in blocks of ``block_size``, read in GETs of at most
+    floor), evicted in blocks of ``block_size``, read in GETs of at most
     ``max_get`` bytes. Its bound (``bytes``, the LRU, eviction) is the part ``bound``."""
 
     # objects up to this size are fetched whole on their first read (one GET)
     whole_size = 2 * MiB
+    # a read's missing bytes are fetched rounded out to this (a page; at most a block)
+    unit = 4 * KiB
+
     def __init__(self, directory: str | os.PathLike, limit: int | None = None, *,
                  block_size: int = 512 * KiB, max_get: int = 8 * MiB):
         self.dir = Path(directory) / "data"
@@ -273,9 +282,6 @@ class DataCache:
 
     # ------------------------------------------------------------------ blocks
 
-    def _blocks(self, start: int, end: int) -> range:
-        return blocks(start, end, self.block_size)
-
     async def ensure(self, store, entry: CacheEntry, start: int, end: int) -> None:
         """Afterwards bytes [start, min(end, size)) of ``entry`` are present in its file
         (those below ``source_len`` fetched from ``source``): valid until the caller next
@@ -289,15 +295,11 @@ class DataCache:
                 raise StoreError(errno.EIO, f"{entry.bucket}/{entry.key}: bytes {start}-{stop - 1} "
                                  "are missing and have no source")
             waits: dict[Fetch, int] = {}
-            new: list[int] = []
-            for gap_start, gap_end in present.missing(start, stop):
-                for block in self._blocks(gap_start, gap_end):
-                    f = entry.fetches.get(block)
-                    if f is None:
-                        if not new or new[-1] != block:  # (two gaps within one block)
-                            new.append(block)
-                    else:
-                        waits[f] = max(waits.get(f, 0), min(stop, (block + 1) * self.block_size))
+            # a read needs its own bytes only (rounded out to ``unit``), not whole blocks:
+            # random reads cost what they read; read-ahead fetches more for sequential ones
+            unit = min(self.unit, self.block_size)
+            lo, hi = start - start % unit, min(-(-stop // unit) * unit, entry.size, entry.source_len)
+            new = self._not_in_flight(entry, present.missing(lo, hi), waits)
             for f in self._start(store, entry, new):
                 waits[f] = f.end
             if waits:
@@ -322,15 +324,36 @@ class DataCache:
             self.hit_bytes += nbytes
 
     def prefetch(self, store, entry: CacheEntry, start: int, end: int) -> list[Fetch]:
-        """Start fetching the missing blocks of [start, end) nobody waits for yet (they are
+        """Start fetching the missing bytes of [start, end) nobody waits for yet (they are
         cancelled by ``cancel`` while nobody does); the fetches started."""
         present = entry.present
         stop = min(end, entry.size, entry.source_len)
         if present is None or entry.source is None or start >= stop or not self._holds(entry):
             return []  # (an entry no longer in the cache reads only what it has)
-        new = sorted({block for gap_start, gap_end in present.missing(start, stop)
-                      for block in self._blocks(gap_start, gap_end) if block not in entry.fetches})
-        return self._start(store, entry, new)
+        return self._start(store, entry, self._not_in_flight(entry, present.missing(start, stop)))
+
+    @staticmethod
+    def _not_in_flight(entry: CacheEntry, gaps, waits: dict | None = None) -> list[tuple[int, int]]:
+        """The parts of ``gaps`` (missing byte ranges, sorted) no fetch in flight brings;
+        with ``waits``, the fetches that bring the other parts, each with how far it must
+        have come (``Fetch.wait``)."""
+        flying = sorted(entry.fetches, key=lambda f: f.start)
+        new: list[tuple[int, int]] = []
+        for gap_start, gap_end in gaps:
+            pos = gap_start
+            for f in flying:
+                if f.end <= pos or f.start >= gap_end:
+                    continue
+                if f.start > pos:
+                    new.append((pos, f.start))
+                if waits is not None:
+                    waits[f] = max(waits.get(f, 0), min(gap_end, f.end))
+                pos = f.end
+                if pos >= gap_end:
+                    break
+            if pos < gap_end:
+                new.append((pos, gap_end))
+        return new
 
     def cancel(self, fetches: list[Fetch]) -> None:
         """Stop those of ``fetches`` that nobody waits for (blocks brought so far stay)."""
@@ -338,26 +361,45 @@ class DataCache:
             if not f.finished and not f.waiters:
                 f.cancelled = True
 
-    def _start(self, store, entry: CacheEntry, blocks: list[int]) -> list[Fetch]:
-        """Fetches of ``blocks`` (sorted): runs of consecutive blocks, ``max_get`` each."""
+    def _start(self, store, entry: CacheEntry, ranges: list[tuple[int, int]]) -> list[Fetch]:
+        """Fetches of byte ``ranges`` (sorted, disjoint): ``max_get`` bytes each at most."""
         started = []
-        bs, per = self.block_size, self.max_get // self.block_size
-        i = 0
-        while i < len(blocks):
-            j = i + 1
-            while j < len(blocks) and blocks[j] == blocks[j - 1] + 1 and j - i < per:
-                j += 1
-            f = Fetch(entry, blocks[i] * bs, min((blocks[j - 1] + 1) * bs, entry.source_len))
-            for block in blocks[i:j]:
-                entry.fetches[block] = f
-            started.append(f)
-            run = functools.partial(self._run, store, f)
-            if self.nursery is not None:
-                self.nursery.start_soon(run)
-            else:
-                trio.lowlevel.spawn_system_task(run)
-            i = j
+        for range_start, range_end in ranges:
+            range_end = min(range_end, entry.source_len)
+            for pos in range(range_start, range_end, self.max_get):
+                f = Fetch(entry, pos, min(pos + self.max_get, range_end))
+                entry.fetches.append(f)
+                started.append(f)
+                self.background(self._run, store, f)
         return started
+
+    def background(self, fn, *args) -> None:
+        """Run ``fn(*args)`` as a task of the cache's nursery (without one: a system task):
+        not in the caller's task, so no cancelled read aborts it."""
+        if self.nursery is not None:
+            self.nursery.start_soon(fn, *args)
+        else:
+            trio.lowlevel.spawn_system_task(fn, *args)
+
+    async def fetch_ahead(self, store, bucket: str, key: str, *, etag: str, size: int,
+                          ttl: float, upto: int) -> None:
+        """Bytes [0, upto) of version ``etag`` fetched into the cache before anyone reads
+        them (an open's prefetch of files its reader will want): as a first read would
+        (``fetch``: an object of at most ``whole_size`` whole), nothing held afterwards.
+        Best effort: nothing when they are there or being fetched already, the key's entry
+        is dirty, or S3 refuses (logged)."""
+        entry = self.entries.get((bucket, key))
+        if entry is not None and (entry.dirty or entry.writers or (
+                entry.etag == etag and (entry.present is None or entry.fetches
+                                        or entry.present.covers(0, min(upto, entry.size))))):
+            return
+        try:
+            entry, _ = await self.fetch(store, bucket, key, etag=etag, size=size, ttl=ttl,
+                                        want=(0, upto))
+        except StoreError as exc:
+            log.info("prefetching %s/%s: %s", bucket, key, exc)
+            return
+        self.release(entry)
 
     async def _run(self, store, f: Fetch) -> None:
         """Bring bytes [f.start, f.end) of the entry's source into its file (a task)."""
@@ -425,9 +467,8 @@ class DataCache:
             if fd is not None:
                 os.close(fd)
             f.finished = True
-            for block in self._blocks(f.start, f.end):
-                if entry.fetches.get(block) is f:
-                    del entry.fetches[block]
+            if f in entry.fetches:
+                entry.fetches.remove(f)
             f.wake()
             if entry.opens == 0 and entry.present is not None and not entry.present \
                     and not entry.fetches and not entry.dirty:
@@ -436,7 +477,7 @@ class DataCache:
 
     def _mark(self, f: Fetch) -> None:
         """(the loop) The blocks of a clean entry's fetch received so far are present."""
-        upto = f.end if f.received >= f.end else f.start + (f.received - f.start) // self.block_size * self.block_size
+        upto = f.end if f.received >= f.end else f.received - f.received % self.block_size
         if upto > f.marked:
             self._add_present(f.entry, f.marked, upto)
             f.marked = upto
@@ -577,7 +618,7 @@ class DataCache:
         if self._holds(entry):
             del self.entries[(entry.bucket, entry.key)]
         self.bound.forget(entry)  # (only an entry the cache holds counts)
-        self.cancel(list(entry.fetches.values()))
+        self.cancel(list(entry.fetches))
         _unlink(entry.path)
 
     # ------------------------------------------------------------ write side's files
@@ -739,10 +780,8 @@ class DataCache:
         finally:
             if fd is not None:
                 os.close(fd)
-        # whole blocks only (and the object's tail): a block is the unit of fetching
-        upto = len(data) if len(data) == size else len(data) - len(data) % self.block_size
-        self.got += upto
-        self._add_present(new, 0, upto)
+        self.got += len(data)
+        self._add_present(new, 0, len(data))
         self.evict()
 
     def validated(self, entry: CacheEntry, etag: str) -> None:

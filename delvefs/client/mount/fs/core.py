@@ -18,7 +18,8 @@ construction (each names what it uses; arrows point at what a part calls):
 ``properties``  tags and metadata of files, retagging                           → tree
 ``deletes``     eager unlinks' DELETEs in DeleteObjects batches
 ``written``     everything about a file being written: its write-side state, journal
-                record, writers, and place in the upload queue
+                record, writers, place in the upload queue, close-to-open or eager
+                                                                        → catalog
 ``uploads``     conditional uploads and conflicts, the background uploader, sync,
                 recovery, shutdown, parts sent while written
                                                     → written, tree, properties, deletes
@@ -118,7 +119,7 @@ class FileSystem:
         self.shape = Shape(self.table, self.catalog, self.tree, self.layout)
         self.writes = Writes(self.shape, self.handles, self.listings, self.uploads, self.written,
                              cache, store, settings)
-        self.readahead = ReadAhead(cache, store)
+        self.readahead = ReadAhead(cache, store, prefetch=settings.prefetch)
         self.reads = Reads(self.table, self.handles, self.tree, self.written, self.readahead,
                            cache, store, settings)
         self.publisher = Publisher(store, cache, self.written, self.uploads, self.tree)

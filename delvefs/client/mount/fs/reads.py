@@ -14,9 +14,16 @@ Every read of a clean copy tells the read-ahead part (``delvefs.client.mount.fs.
 which fetches ahead of sequential readers; a handle's close stops its fetches. The kernel
 may keep the pages it cached for an inode when the ETag it was served is still the node's.
 
+An open of a file of which nothing is held asks S3 nothing: its first read's GET, pinned
+to the listed version, is its first request. An open of a cached copy checked more than
+``ttl`` ago revalidates it in one round trip (``DataCache.current``: a conditional GET of
+its first block, If-None-Match; 304 confirms it, another version's answer brings that
+version's first block along). An open also tells the read-ahead part (``opened``), which
+starts fetching the index files next to the file (the ``prefetch`` mount option).
+
 Stale-if-error (``stale_if_error=on``, the default; as an HTTP cache's, RFC 5861): an open
 whose revalidation S3 cannot answer (no connection, a reset, a timeout, 5xx) is served
-the cached copy; its HEAD is one try then. :class:`Unconfirmed` keeps which copies are
+the cached copy; its revalidation is one try then. :class:`Unconfirmed` keeps which copies are
 served so and since when (``user.delvefs.unconfirmed``), logs each once per outage and
 counts the opens; the next revalidation S3 answers ends it. A 404 or another version in
 S3 is an answer: served as without S3 trouble.
@@ -135,6 +142,7 @@ class Reads:
             # from now on, as that one may close before this one's first read
             self._share(h, other)
         fh = self.handles.add_file(h)
+        self.readahead.opened(node)  # its index files (prefetch=dir: its directory's files)
         return fh, keep
 
     def _share(self, h: FileHandle, other: FileHandle) -> None:

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from ..waiting import wait_until
-from .mounts import CHANGE_TIMEOUT, listdir, mounts, put  # noqa: F401  (fixtures)
+from tests.integration.mounts import CHANGE_TIMEOUT, listdir, mounts, put  # noqa: F401  (fixtures)
 from .test_write_faults import faulty, handler, proxy  # noqa: F401  (fixtures: S3 behind the proxy)
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]

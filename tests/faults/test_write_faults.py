@@ -18,7 +18,7 @@ import pytest
 from delvefs.devtools.faultproxy import FaultProxy, Request
 
 from ..waiting import wait_until
-from .mounts import listdir, mounts, put, started_handler  # noqa: F401
+from tests.integration.mounts import listdir, mounts, put, started_handler  # noqa: F401
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 

@@ -17,8 +17,8 @@ from delvefs.client.mount.mountpoints import mounted_fstype
 
 from ..conftest import IN_CI
 from ..waiting import wait_until
-from .mounts import handler, listdir, mounts, put  # noqa: F401
-from .test_mount_write import get, write_views
+from tests.integration.mounts import handler, listdir, mounts, put  # noqa: F401
+from tests.integration.test_mount_write import get, write_views
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 

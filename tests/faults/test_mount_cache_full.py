@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from ..conftest import IN_CI
-from .mounts import handler, mounts, put  # noqa: F401
-from .test_mount_write import get, write_file, write_views
+from tests.integration.mounts import handler, mounts, put  # noqa: F401
+from tests.integration.test_mount_write import get, write_file, write_views
 
 pytestmark = [pytest.mark.services, pytest.mark.fuse]
 
