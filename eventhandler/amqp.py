@@ -323,33 +323,40 @@ class Consumer(threading.Thread):
         """While this handler could not reach the broker, MinIO most likely could not either,
         and without a queue dir it dropped those events (publisher confirms make it log them,
         not keep them): re-list the tracked buckets now rather than at the next periodic
-        reconcile — once the events that did come (MinIO's queue dir, other publishers
-        retrying) are applied and the store's events flow again (MinIO reconnects to the
-        broker in its own time and drops events until then): after ``OUTAGE_SETTLE``
-        seconds, an event of a change made since the broker came back (or
-        ``OUTAGE_EVENTS_WAIT`` s without one) and a fence through the queue — so that the
-        listing sees every object whose event was lost, and the repairs counted are the
-        events that were lost, not late."""
+        reconcile — after ``OUTAGE_SETTLE`` seconds and a fence through the queue, so that
+        the events that did come (MinIO's queue dir, other publishers retrying) are applied
+        first and the repairs counted are the events that were lost, not late. MinIO
+        reconnects to the broker in its own time and drops events until then: when no event
+        of a change made since the broker came back has arrived by that reconcile, it runs
+        once more when one does (or ``OUTAGE_EVENTS_WAIT`` s later)."""
         log.warning("the broker was unreachable for %.1f s: reconciling the tracked buckets "
                     "once the queue is drained (events MinIO could not publish meanwhile)", seconds)
 
         back = time.time()
 
+        def drained_then_reconciled() -> bool:
+            drained = threading.Event()
+            passed = drained.set
+            if self.request_fence(passed) and not drained.wait(60):
+                self.drop_fence(passed)
+            if self._stopping.is_set():
+                return False
+            self.engine.reconcile()
+            return True
+
         def reconcile() -> None:
             try:
                 if self._stopping.wait(self.OUTAGE_SETTLE):
                     return
+                flowing = self.metrics.newest_event >= back
+                if not drained_then_reconciled() or flowing:
+                    return
+                # reconciled before the store's events flowed again: once more when they do
                 deadline = time.monotonic() + self.OUTAGE_EVENTS_WAIT
                 while self.metrics.newest_event < back and time.monotonic() < deadline:
                     if self._stopping.wait(0.1):
                         return
-                drained = threading.Event()
-                passed = drained.set
-                if self.request_fence(passed) and not drained.wait(60):
-                    self.drop_fence(passed)
-                if self._stopping.is_set():
-                    return
-                self.engine.reconcile()
+                drained_then_reconciled()
             except Exception:  # the engine logs what failed; stopping also ends up here
                 if not self._stopping.is_set():
                     log.exception("reconcile after the broker outage failed")

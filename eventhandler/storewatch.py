@@ -17,9 +17,9 @@ metadata fetches: ``BucketReader.on_unreachable``) counts as a failed probe. The
   before (a restart faster than the probe interval still shows).
 
 Either way, once the store has answered again for ``settle`` seconds (and, restarted, has
-been up that long: the PUTs of its first moments are the ones without events) and its events
-flow again (an event of a change made after it came back, or ``events_wait`` s without
-one), every tracked bucket is reconciled (``Engine.reconcile``: one listing each, compared with the
+been up that long: the PUTs of its first moments are the ones without events), every
+tracked bucket is reconciled — and once more when its events flow again (an event of a
+change made after it came back, or ``events_wait`` s without one) if they had not by then (``Engine.reconcile``: one listing each, compared with the
 state; ``delvefs_reconcile_*`` count what it checked and what it repaired). A listing costs
 one ListObjectsV2 per 1,000 objects: a bucket of 10 million objects is 10,000 requests, and
 about as long as its first scan took (docs/OPERATIONS.md has the figures). Meanwhile
@@ -66,7 +66,8 @@ class StoreWatch:
         self._booted: float | None = None  # monotonic time the store started, as last seen
         self._uptime_known = True  # False once the store did not tell its uptime
         self._repair_due: float | None = None  # monotonic time the repair is due
-        self._events_after = 0.0  # epoch s: the repair waits for an event of a change after it
+        self._ran_before_events = False  # the repair ran once before the store's events flowed again
+        self._events_after = 0.0  # epoch s: a repair is complete after an event of a change after it
         self._repair_latest = 0.0  # monotonic: ... or until then
         self._why = ""
         self.repairs = 0
@@ -107,13 +108,15 @@ class StoreWatch:
                 self._booted = booted
 
     def _due(self, at: float, why: str) -> None:
-        """A repair at ``at`` at the earliest, and not before the store's events flow again:
-        an event of a change made from now on (its sequencer, the store's clock) shows that
-        the store's notification target is connected, so every PUT whose event was lost was
-        answered before that event's — and the listing after it sees them all. A store
-        that takes no writes sends no event: then at most ``events_wait`` s later."""
+        """A repair at ``at``, and — when the store's events did not flow again by then —
+        once more when they do: an event of a change made from now on (its sequencer, the
+        store's clock) shows that the store's notification target is connected, so every
+        PUT whose event was lost was answered before that event's, and a listing after it
+        sees them all. A store that takes no writes sends no event: the second repair is
+        then ``events_wait`` s later."""
         if self._repair_due is None or at > self._repair_due:
             self._repair_due = at
+        self._ran_before_events = False
         self._events_after = time.time()
         self._repair_latest = time.monotonic() + self.events_wait
         self._why = why
@@ -158,12 +161,24 @@ class StoreWatch:
             self._wake.clear()
 
     def _repair_if_due(self) -> None:
+        """The repair at its time; one that ran before the store's events flowed again runs
+        once more when they do (or ``events_wait`` s later): the PUTs of that moment had
+        no event either."""
         with self._lock:
             due = self._repair_due
-            if due is None or time.monotonic() < due or self.unreachable_since is not None \
-                    or not self._events_flow():
+            if due is None or time.monotonic() < due or self.unreachable_since is not None:
                 return
-            self._repair_due, why = None, self._why
+            flowing = self._events_flow()
+            if self._ran_before_events:  # the second run: once the events flow
+                if not flowing:
+                    return
+                self._ran_before_events = False
+                self._repair_due, why = None, self._why + " (again: its events flow now)"
+            else:
+                self._ran_before_events = not flowing
+                if flowing:
+                    self._repair_due = None
+                why = self._why
         t0 = time.monotonic()
         try:
             counts = self.repair()

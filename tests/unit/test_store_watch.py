@@ -190,28 +190,35 @@ def test_a_store_that_answers_an_error_is_reachable(tmp_path):
     assert watch.status()["reachable"] and not calls
 
 
-def test_the_repair_waits_for_the_stores_events_to_flow_again():
+def test_a_repair_before_the_stores_events_flow_again_runs_once_more_when_they_do():
     """A restarted MinIO drops the events of its first moments: the repair lists the bucket
-    only after an event of a change made since the store came back (then every PUT whose
-    event was lost is in the listing), not at a fixed time."""
+    after the settle time, and — no event of a change made since the store came back having
+    arrived by then — once more after one does (then every PUT whose event was lost is in
+    the listing)."""
     fake = ProbedReader()
     metrics = Metrics()
     metrics.newest_event = time.time()
-    repaired = threading.Event()
+    runs = []
     stopping = threading.Event()
-    watch = StoreWatch(fake, lambda: ["b"], lambda: (repaired.set(), {})[1], metrics, stopping,
-                       interval=0.02, settle=0.05, events_wait=60)
+    watch = StoreWatch(fake, lambda: ["b"], lambda: (runs.append(time.time()), {})[1], metrics,
+                       stopping, interval=0.02, settle=0.05, events_wait=60)
     t = threading.Thread(target=watch.run, daemon=True)
     t.start()
     try:
         fake.down = True
         wait_until(lambda: not watch.status()["reachable"], 10, "outage noticed")
         fake.down = False
-        wait_until(lambda: watch.status()["reachable"], 10, "back")
-        assert not repaired.wait(0.3)  # settled, but no event since it came back
-        assert watch.status()["repair_pending"]
-        metrics.newest_event = time.time()  # an event of a PUT made after it came back
-        assert repaired.wait(10)
+        wait_until(lambda: len(runs) == 1, 10, "the first repair, after the settle time")
+        assert watch.status()["repair_pending"]  # the second waits for an event
+        metrics.newest_event = time.time() + 1  # an event of a PUT made after it came back
+        wait_until(lambda: len(runs) == 2, 10, "the second repair, once events flow")
+        assert not watch.status()["repair_pending"]
+        metrics.newest_event += 1
+        fake.down = True  # another outage, the events flowing at once: one repair
+        wait_until(lambda: not watch.status()["reachable"], 10, "outage noticed")
+        fake.down = False
+        wait_until(lambda: len(runs) == 3, 10, "its repair")
+        assert not watch.status()["repair_pending"]  # (events flowed before it: no second one)
     finally:
         stopping.set()
         watch.wake()
