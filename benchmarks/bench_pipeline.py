@@ -112,7 +112,7 @@ VARIANTS = {  # name: (what, kind, extra mount arguments)
     "local-parallel": ("local disk + parallel staging (s3transfer, 16 transfers)", "local", ()),
     "delvefs": ("DelveFS default", "delvefs", ()),
     "eager": ("DelveFS --eager + `delvefs sync`", "delvefs", ("--eager",)),
-    "delvefs-policy": ("DelveFS default, `write: {eager: [.snakemake/*]}` + `delvefs sync`", "delvefs", ()),
+    "delvefs-policy": ("DelveFS default, `write: {{eager: [.snakemake/*]}}` + `delvefs sync`", "delvefs", ()),
     "delvefs-nopt": ("DelveFS default, passthrough=off", "delvefs", ("-o", "passthrough=off")),
     "eager-nopt": ("DelveFS --eager + sync, passthrough=off", "delvefs", ("--eager", "-o", "passthrough=off")),
     "delvefs-opts": ("DelveFS default, -o {opts}", "delvefs", ()),

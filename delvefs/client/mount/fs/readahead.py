@@ -2,9 +2,11 @@
 
 A read fetches only the bytes it lacks (``DataCache.ensure``: rounded out to a page), so
 random reads (and a handle's first read: its first byte is one GET of what it reads) cost
-about what they read. A handle whose reads follow one another fetches ahead of them: a window that starts at ``window_start`` (64 KiB,
-or the read's size if larger) and doubles each time the reader has read a whole window
-(so what is fetched ahead is never more than what was read since the seek), up to
+about what they read. A handle whose reads follow one another fetches ahead of them: once
+a run of reads has covered ``sequential_after`` (1 MiB) since the last seek, a window that
+starts at ``window_start`` (64 KiB, or the read's size if larger) and doubles with every
+read that follows, at most ``RUN_MULTIPLE`` times the run read so far (8 MiB at least: a
+reader that stops after a run wastes a few times what it read at most), up to
 ``window_max`` (128 MiB; at most a quarter of the cache's size limit); a read elsewhere (a
 seek) resets it to none. The window is kept
 full: a new fetch starts as soon as one GET's worth (``max_get``, 8 MiB; half the window
@@ -41,18 +43,18 @@ INDEX_SUFFIXES = (".bai", ".csi", ".crai", ".tbi")
 INDEX_MAX = 64 * MiB
 PREFETCH_AT_ONCE = 4     # objects an open's prefetch fetches at a time
 PREFETCH_FILES = 64      # files one open's prefetch names at most (prefetch=dir)
+RUN_MULTIPLE = 4         # the window is at most this many times the run read since the seek
 
 
 class Stream:
     """One handle's read-ahead state."""
-    __slots__ = ("next_off", "window", "ahead", "grow_at", "run_from", "fetches")
+    __slots__ = ("next_off", "window", "ahead", "run_from", "fetches")
 
     def __init__(self):
         self.next_off = 0     # where a sequential read would continue
         self.window = 0       # the window (0: random access, none yet)
         self.ahead = -1       # bytes before it are fetched or being fetched (-1: the first
         #                       read, wherever it is, fetches only itself)
-        self.grow_at = 0      # a read reaching this has read a whole window: it doubles
         self.run_from = 0     # where the reads that follow one another began (the last seek)
         self.fetches: list = []  # the fetches it started (cancelled at close)
 
@@ -128,10 +130,9 @@ class ReadAhead:
                 s.next_off = s.ahead = end   # sequential, but the kernel's read-ahead serves
                 return                       # a run this short: nothing fetched ahead yet
             s.window = min(max(self.window_start, end - off), self._top())
-            s.grow_at = end + s.window
-        elif end >= s.grow_at:
-            s.window = min(2 * s.window, self._top())
-            s.grow_at = end + s.window
+        else:  # doubles with every read that follows, up to 4 times the run read so far
+            s.window = min(2 * s.window, self._top(),
+                           max(self.cache.max_get, RUN_MULTIPLE * (end - s.run_from)))
         s.next_off = end
         if not s.window:
             return
