@@ -81,7 +81,7 @@ class Metrics:
         self.repaired = Counter("delvefs_reconcile_repairs", "records a reconcile or key check "
                                 "found wrong and repaired, by effect", ["effect"], registry=r)
         self.store_outages = Counter("delvefs_store_outages", "times the object store was noticed "
-                                     "unreachable or restarted", ["kind"], registry=r)
+                                     "unreachable or restarted (start: first seen up < 30 s)", ["kind"], registry=r)
         self.publish_committed = Counter("delvefs_publish_batches_committed",
                                          "published directories shown whole", registry=r)
         self.publish_expired = Counter("delvefs_publish_batches_expired",

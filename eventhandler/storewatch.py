@@ -13,8 +13,10 @@ allowed it), for its uptime. Any of the handler's own requests that gets no answ
 metadata fetches: ``BucketReader.on_unreachable``) counts as a failed probe. The store is
 
 * *unreachable* from the first failed probe or request until a probe succeeds, and
-* *restarted* when the start time its uptime implies moved later than the one seen
-  before (a restart faster than the probe interval still shows).
+* *restarted* when the start time its uptime implies is later than every moment the
+  earlier answers allowed (a restart faster than the probe interval still shows); a store
+  first seen up less than 30 s started around the handler's own start, and is repaired
+  after as well.
 
 Either way, once the store has answered again for ``settle`` seconds (and, restarted, has
 been up that long: the PUTs of its first moments are the ones without events), every
@@ -39,7 +41,8 @@ log = logging.getLogger("delvefs.eventhandler")
 DEFAULT_PROBE_INTERVAL = 2.0
 DEFAULT_SETTLE = 3.0
 DEFAULT_EVENTS_WAIT = 30.0
-RESTART_TOLERANCE = 1.5  # s a start time may seem to move without a restart (whole-second uptimes)
+BOOT_SLACK = 0.05  # s a probe's own round trip may shift the start time its uptime implies
+YOUNG = 30.0  # s: a store first seen up this short a time started around this handler's start
 
 
 class StoreWatch:
@@ -63,7 +66,8 @@ class StoreWatch:
         self._lock = threading.Lock()
         self.unreachable_since: float | None = None  # monotonic, while unreachable
         self.last_error: str | None = None
-        self._booted: float | None = None  # monotonic time the store started, as last seen
+        # (earliest, latest) monotonic time the store can have started, by its answers so far
+        self._booted: tuple[float, float] | None = None
         self._uptime_known = True  # False once the store did not tell its uptime
         self._repair_due: float | None = None  # monotonic time the repair is due
         self._ran_before_events = False  # the repair ran once before the store's events flowed again
@@ -98,14 +102,32 @@ class StoreWatch:
                 log.warning("the object store answers again after %.1f s: reconciling the "
                             "tracked buckets in %.1f s", seconds, self.settle)
             if uptime is not None:
-                booted = now - uptime
-                # MinIO tells whole seconds: the same start seen twice differs by up to one
-                if not was_down and self._booted is not None and booted > self._booted + RESTART_TOLERANCE:
-                    self.metrics.store_outages.labels("restart").inc()
-                    self._due(now + max(0.0, self.settle - uptime), f"restarted {uptime:.0f} s ago")
-                    log.warning("the object store restarted %.0f s ago: reconciling the tracked "
-                                "buckets once it has been up %.1f s", uptime, self.settle)
-                self._booted = booted
+                self._started(now, uptime, was_down)
+
+    def _started(self, now: float, uptime: float, was_down: bool) -> None:
+        """The store says it has been up ``uptime`` whole seconds: it started within
+        (now - uptime - 1, now - uptime]. A start after every moment the earlier answers
+        allow is a restart; a store that started just before this handler first asked may
+        have lost events as well (a restart this handler could not see)."""
+        lo, hi = now - uptime - 1.0, now - uptime
+        first = self._booted is None
+        if not first and lo > self._booted[1] + BOOT_SLACK:
+            self._booted = None  # a new start
+            if not was_down:
+                self.metrics.store_outages.labels("restart").inc()
+                self._due(now + max(0.0, self.settle - uptime), f"restarted {uptime:.0f} s ago")
+                log.warning("the object store restarted %.0f s ago: reconciling the tracked "
+                            "buckets once it has been up %.1f s", uptime, self.settle)
+        elif first and uptime < YOUNG:  # (buckets tracked by then are reconciled)
+            self.metrics.store_outages.labels("start").inc()
+            self._due(now + max(0.0, self.settle - uptime), f"started {uptime:.0f} s ago")
+            log.warning("the object store started %.0f s ago: reconciling the tracked buckets "
+                        "once it has been up %.1f s (events of its first moments may be lost)",
+                        uptime, self.settle)
+        if self._booted is None:
+            self._booted = (lo, hi)
+        else:  # the same start: what every answer allows
+            self._booted = (max(lo, self._booted[0]), min(hi, self._booted[1]))
 
     def _due(self, at: float, why: str) -> None:
         """A repair at ``at``, and — when the store's events did not flow again by then —

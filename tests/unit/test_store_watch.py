@@ -128,7 +128,8 @@ def test_an_outage_is_repaired_once_the_store_answers_again(engine):
     assert keys(engine, info) == []
     fake.down = False
     wait_until(lambda: keys(engine, info) == ["written-meanwhile"], 10, "repaired by a reconcile")
-    assert watch.status()["reachable"] and watch.repairs == 1
+    wait_until(lambda: watch.repairs == 1, 10, "the repair counted")
+    assert watch.status()["reachable"]
     assert metric(engine, "delvefs_reconcile_repairs_total", effect="view") == 1
 
 
@@ -240,3 +241,42 @@ def test_delvefs_status_says_whether_the_store_answers():
     assert "object store: UNREACHABLE for" in down and "ConnectionRefusedError" in down
     assert "a reconcile after its outage is due" in down
     assert "object store" not in format_handler(base)  # an older handler tells nothing
+
+
+def test_a_store_that_started_just_before_the_handler_first_asked_is_repaired_too():
+    """A store first seen up a few seconds may have restarted (and lost events) just before
+    this handler could see it: once it has been up the settle time, the buckets are
+    reconciled. One up for long is not."""
+    for up_since, repairs in ((2.0, 1), (100.0, 0)):
+        fake = ProbedReader()
+        fake.started = time.monotonic() - up_since
+        calls = []
+        watch = StoreWatch(fake, lambda: ["b"], lambda: calls.append(1) or {}, Metrics(),
+                           threading.Event(), interval=1, settle=0.0, events_wait=0)
+        watch.probe_once()
+        watch._repair_if_due()
+        assert len(calls) == repairs, up_since
+
+
+def test_whole_second_uptimes_of_one_start_are_no_restart():
+    """MinIO tells its uptime in whole seconds: answers of the same start imply start times
+    up to a second apart, never a restart; a start after all of them is one."""
+    fake = ProbedReader()
+    clock = [1000.0]
+    fake.store_uptime = lambda: float(int(clock[0] - 900.3))  # started at 900.3
+    calls = []
+    watch = StoreWatch(fake, lambda: ["b"], lambda: calls.append(1) or {}, Metrics(),
+                       threading.Event(), interval=1, settle=0.0, events_wait=0)
+    real = time.monotonic
+    try:
+        time.monotonic = lambda: clock[0]
+        for step in (0.0, 0.5, 0.4, 0.9, 0.2, 1.7):
+            clock[0] += step
+            watch.probe_once()
+        assert not calls and watch._repair_due is None
+        fake.store_uptime = lambda: float(int(clock[0] - 1004.0))  # restarted at 1004.0
+        clock[0] += 0.6
+        watch.probe_once()
+        assert watch._repair_due is not None
+    finally:
+        time.monotonic = real
