@@ -47,6 +47,17 @@ def _listed(contents) -> dict:
     return listed
 
 
+def _listed_version(rec, listed: tuple, props, needs: bool) -> list:
+    """The record of a version S3 listed or answered (``listed``: seq, size, mtime, etag),
+    after ``rec``: with its tags and metadata (``props``) when fetched; waiting for them
+    (``TAGS_PENDING``) when a view of the bucket needs them and they are not."""
+    seq, size, mtime, etag = listed
+    if needs and props is None:
+        return r.new_version(rec, seq, size, mtime, etag, None, None, r.TAGS_PENDING)
+    return r.new_version(rec, seq, size, mtime, etag, props[0] if props else None,
+                         props[1] if props else None, 0)
+
+
 class ScanProgress:
     """A listing under way (a first scan or a reconcile), for the progress log lines and
     ``GET /v1/status``. ``expected``: the objects the bucket's last complete listing in this
@@ -268,12 +279,7 @@ class Scanner:
                 rec = present.get(key)
                 if rec is not None and r.seq_of(rec) >= seq:
                     continue
-                p = props.get(key)
-                if needs and p is None:
-                    new = r.new_version(rec, seq, size, mtime, etag, None, None, r.TAGS_PENDING)
-                else:
-                    new = r.new_version(rec, seq, size, mtime, etag, p[0] if p else None,
-                                        p[1] if p else None, 0)
+                new = _listed_version(rec, (seq, size, mtime, etag), props.get(key), needs)
                 work[(bucket, key)] = [rec, new]
                 counts["repaired"] += 1
             counts["view_changes"] += self.committer.finalize(work, log_changes=not initial)
@@ -334,12 +340,7 @@ class Scanner:
                 if rec is not before[key] and (rec is None or before[key] is None
                                                or r.seq_of(rec) != r.seq_of(before[key])):
                     continue  # changed meanwhile: its own events decide
-                p = props.get(key)
-                if needs and p is None:
-                    new = r.new_version(rec, seq, size, mtime, etag, None, None, r.TAGS_PENDING)
-                else:
-                    new = r.new_version(rec, seq, size, mtime, etag, p[0] if p else None,
-                                        p[1] if p else None, 0)
+                new = _listed_version(rec, (seq, size, mtime, etag), props.get(key), needs)
                 work[(bucket, key)] = [rec, new]
                 counts["repaired"] += 1
             for key in absent:

@@ -8,19 +8,11 @@ import threading
 
 import pytest
 
-from tests.integration.mounts import close_private_stack, private_stack
 from tests.waiting import wait_until
 
-from .test_store_restart import REPAIR_BOUND, Writer, s3_keys, view_keys, views
+from .test_store_restart import REPAIR_BOUND, Writer, s3_keys, stack, view_keys, views  # noqa: F401
 
 pytestmark = pytest.mark.services
-
-
-@pytest.fixture
-def stack(private_services, tmp_path):
-    m = private_stack(private_services, tmp_path)
-    yield m
-    close_private_stack(m)
 
 
 def test_broker_stopped_under_a_stream_of_puts_loses_no_object(stack):
