@@ -29,9 +29,11 @@ thread or a job (the stop flag, failures).
 ``views``       (``Listings`` here) registration, unregistering, forgetting, releasing a
                 bucket, the sweep of unused views, the registration log
                                                            → catalog, scanner, flips
+``store_watch`` (storewatch.py ``StoreWatch``; None for a reader that cannot probe) the
+                object store's outages and restarts, repaired by reconciles  → scanner
 
-The threads are wired here too: ``tag-apply`` runs ``tags.run(applier.apply_tag_results)``
-and ``flips`` runs ``flips.run(applier.apply_flips)`` (their results are applied by the
+The threads are wired here too: ``tag-apply`` runs ``tags.run(applier.apply_tag_results)``,
+``store-watch`` runs ``store_watch.run`` and ``flips`` runs ``flips.run(applier.apply_flips)`` (their results are applied by the
 applier: the committer starts fetches and schedules flips, so they sit below it).
 ``Engine`` keeps start/close, delegating methods for the rest of the handler (the
 consumers, the API, groups, the feed) and the reads of the HTTP API. No part assigns
