@@ -22,19 +22,12 @@ def test_broker_stopped_under_a_stream_of_puts_loses_no_object(stack):
     counter says how many changed a view (the events that were lost)."""
     m = stack
     m.mount(views(m.bucket))
-    writer = Writer(m.svc.env(), m.bucket)
-    writer.start()
-    try:
-        wait_until(lambda: len(writer.done) >= 50, 60, "PUTs before the broker stops")
+    with Writer(m.svc.env(), m.bucket) as writer:
+        writer.more(50, "PUTs before the broker stops")
         m.svc.rabbit.stop()
-        n = len(writer.done)
-        wait_until(lambda: len(writer.done) >= n + 50, 60, "PUTs while the broker is down")
+        writer.more(50, "PUTs while the broker is down")
         m.svc.rabbit.start()
-        n = len(writer.done)
-        wait_until(lambda: len(writer.done) >= n + 50, 60, "PUTs after the broker is back")
-    finally:
-        writer.stop.set()
-        writer.join(30)
+        writer.more(50, "PUTs after the broker is back")
     truth = s3_keys(m.s3, m.bucket, "runs/")
     wait_until(lambda: m.handler.http.get("/healthz").json()["amqp"] == "connected", 30, "reconnected")
     wait_until(lambda: view_keys(m.handler, m.bucket) == set(truth), REPAIR_BOUND,

@@ -74,6 +74,19 @@ class Writer(threading.Thread):
             self.done.append(key)
             i += 1
 
+    def more(self, n: int, what: str) -> None:
+        """Wait until ``n`` more PUTs than now have returned."""
+        start = len(self.done)
+        wait_until(lambda: len(self.done) >= start + n, 60, what)
+
+    def __enter__(self) -> "Writer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.join(30)
+
 
 @pytest.fixture
 def stack(private_services, tmp_path):
@@ -85,19 +98,13 @@ def stack(private_services, tmp_path):
 def test_minio_killed_under_writes_every_object_shows_in_a_fresh_mount(stack):
     m = stack
     first = m.mount(views(m.bucket))  # registers the view: the handler tracks the bucket
-    writer = Writer(m.svc.env(), m.bucket)
-    writer.start()
-    try:
-        wait_until(lambda: len(writer.done) >= 100, 60, "100 PUTs before the kill")
+    with Writer(m.svc.env(), m.bucket) as writer:
+        writer.more(100, "100 PUTs before the kill")
         m.svc.minio.kill()
         wait_until(lambda: writer.failures > 0, 30, "PUTs failing while the store is down")
         m.svc.minio.start()
         # the PUTs of the store's first moments are the ones MinIO sends no event for
-        n = len(writer.done)
-        wait_until(lambda: len(writer.done) >= n + 200, 60, "200 PUTs after the restart")
-    finally:
-        writer.stop.set()
-        writer.join(30)
+        writer.more(200, "200 PUTs after the restart")
     truth = s3_keys(m.s3, m.bucket, "runs/")
     assert set(writer.done) <= set(truth)
     wait_until(lambda: view_keys(m.handler, m.bucket) >= set(truth), REPAIR_BOUND,

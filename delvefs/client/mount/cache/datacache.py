@@ -253,9 +253,9 @@ class DataCache:
             etag, size = info["etag"], info["size"]
         raise AssertionError("unreachable")
 
-    async def _head(self, store, bucket: str, key: str, once: bool = False) -> dict:
+    async def _head(self, store, bucket: str, key: str) -> dict:
         self.heads += 1
-        return await (store.head(bucket, key, once=True) if once else store.head(bucket, key))
+        return await store.head(bucket, key)
 
     def _new_version(self, bucket: str, key: str, etag: str, size: int) -> CacheEntry:
         """A new, empty entry (a sparse file of ``size``) for version ``etag``, in place of
